@@ -1,0 +1,146 @@
+// Routing plan: from every rank's top-k expert ids to the layout of one rank's gathered ("shared")
+// buffer, the pull list of layer 0, the combine list of layer 1 and the tile schedule.
+//
+// Definitions (rank r, W ranks, E_l local experts, tile size tile_m):
+//  * Source position j = 0..W-1 names source rank s = (r + j) % W. Position 0 is r itself (local).
+//  * Unit: one (source rank s, token t) pair whose top-k has at least one expert held by r.
+//    Units are numbered in pull order: by source position j, then by token t ascending.
+//    Units with j == 0 are the local units: [0, num_local_units). The others are pulled over the link.
+//    A unit crosses the link once, however many of r's experts the token chose.
+//  * Rows: the gathered buffer holds one row per (unit, slot) whose expert is on r. Expert segment e
+//    starts at expert_offset[e] (a multiple of tile_m); inside it the rows of source position j come
+//    before those of position j+1, and rows of one (e, j) come in increasing token order. Each
+//    segment is padded with unused rows (row_unit == -1) to a multiple of tile_m, so every M-tile
+//    belongs to exactly one expert.
+//  * M-tile m covers rows [m*tile_m, (m+1)*tile_m). tile_key[m] is -1 when all of its rows are local,
+//    otherwise the largest unit index among its remote rows (the tile is complete once the pull
+//    reaches that unit). tile_order lists the M-tiles sorted by (tile_key, m): local tiles first, then
+//    in arrival order.
+//
+// The host builder and the device builder produce bitwise identical plans.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "comet/shape.hpp"
+
+#if defined(__CUDACC__)
+#define COMET_HD __host__ __device__
+#else
+#define COMET_HD
+#endif
+
+namespace comet {
+
+struct PlanCapacity {
+  int max_tokens_per_rank = 0;  // T_cap: most tokens any rank may own in one call
+  int max_rows = 0;             // rows of the gathered buffer, padding included (a multiple of tile_m)
+};
+
+struct PlanConfig {
+  MoeShape shape;
+  Parallel par;
+  int rank = 0;
+  int tile_m = 128;
+  PlanCapacity cap;
+
+  COMET_HD int world() const { return par.ep * par.tp; }
+  COMET_HD int topk() const { return shape.topk; }
+  COMET_HD int local_experts() const { return shape.num_experts / par.ep; }
+  COMET_HD int first_local_expert() const { return (rank / par.tp) * local_experts(); }
+  COMET_HD int max_units() const { return world() * cap.max_tokens_per_rank; }
+  COMET_HD int max_tiles() const { return cap.max_rows / tile_m; }
+  COMET_HD int source_at(int position) const { return (rank + position) % world(); }
+  COMET_HD int position_of(int source) const { return (source - rank + world()) % world(); }
+};
+
+// Throws InvalidArgument if the configuration is unusable.
+void validate(const PlanConfig& cfg);
+
+// Codes of the plan's status word. status[0] holds the first error's code, status[1..4] its details.
+enum class PlanError : int32_t {
+  ok = 0,
+  expert_out_of_range = 1,   // details: source rank, token, slot, expert id
+  duplicate_expert = 2,      // details: source rank, token, slot, expert id
+  rows_over_capacity = 3,    // details: rows needed (padded), capacity, -, -
+  tokens_over_capacity = 4,  // details: source rank, tokens, capacity, -
+};
+inline constexpr int kPlanStatusWords = 5;
+
+// Human-readable message for a status word (used by both builders' error paths).
+std::string describe_plan_error(const int32_t* status);
+
+// One rank's routing as the plan reads it. ids and gates are [tokens][k], row-major.
+struct RoutingView {
+  int tokens = 0;
+  const int32_t* ids = nullptr;
+  const float* gates = nullptr;
+};
+
+// Layout of one rank's routing inside a (symmetric) byte buffer, so peers can read it:
+//   int32 tokens, 3 words of padding, int32 ids[T_cap][k], float gates[T_cap][k].
+struct RoutingBufferLayout {
+  int max_tokens = 0;
+  int topk = 0;
+  COMET_HD size_t ids_offset() const { return 16; }
+  COMET_HD size_t gates_offset() const { return 16 + size_t(max_tokens) * topk * sizeof(int32_t); }
+  COMET_HD size_t bytes() const { return gates_offset() + size_t(max_tokens) * topk * sizeof(float); }
+  COMET_HD RoutingView view(const void* buffer) const {
+    const char* b = static_cast<const char*>(buffer);
+    return RoutingView{*reinterpret_cast<const int32_t*>(b), reinterpret_cast<const int32_t*>(b + ids_offset()),
+                       reinterpret_cast<const float*>(b + gates_offset())};
+  }
+};
+
+// Non-owning view of a plan's arrays (host or device memory). Sizes in brackets; E_l = local experts,
+// U = max_units, R = max_rows, M = max_tiles, k = top-k.
+struct PlanView {
+  int32_t* status = nullptr;            // [kPlanStatusWords]
+  int32_t* src_tokens = nullptr;        // [W]        tokens owned by each source rank
+  int32_t* expert_rows = nullptr;       // [E_l]      rows of each local expert
+  int32_t* expert_offset = nullptr;     // [E_l + 1]  first row of each expert segment; [E_l] = padded total
+  int32_t* segment_offset = nullptr;    // [E_l * W]  first row of (expert e, source position j)
+  int32_t* segment_rows = nullptr;      // [E_l * W]  rows of (e, j)
+  int32_t* num_units = nullptr;         // [1]
+  int32_t* num_local_units = nullptr;   // [1]
+  int32_t* unit_src = nullptr;          // [U]
+  int32_t* unit_token = nullptr;        // [U]
+  int32_t* unit_rows = nullptr;         // [U * k]    row of slot j, -1 if slot j's expert is elsewhere
+  float* unit_gates = nullptr;          // [U * k]    gate of slot j, 0 if slot j's expert is elsewhere
+  int32_t* row_unit = nullptr;          // [R]        unit filling the row, -1 for padding
+  int32_t* row_slot = nullptr;          // [R]        its k-slot, -1 for padding
+  int32_t* num_tiles = nullptr;         // [1]        M-tiles = expert_offset[E_l] / tile_m
+  int32_t* tile_expert = nullptr;       // [M]
+  int32_t* tile_rows = nullptr;         // [M]        valid rows of the tile
+  int32_t* tile_remote_rows = nullptr;  // [M]        rows pulled from other ranks
+  int32_t* tile_key = nullptr;          // [M]
+  int32_t* tile_order = nullptr;        // [M]        schedule order
+};
+
+// Byte size of all arrays of a plan with this configuration, and how they are carved from one block.
+size_t plan_bytes(const PlanConfig& cfg);
+PlanView carve_plan(const PlanConfig& cfg, void* base);  // base aligned to 256 bytes
+
+// A plan held in host memory.
+class HostPlan {
+ public:
+  HostPlan() = default;
+  explicit HostPlan(const PlanConfig& cfg);
+  const PlanConfig& config() const { return cfg_; }
+  const PlanView& view() const { return view_; }
+  size_t bytes() const { return storage_.size(); }
+
+ private:
+  PlanConfig cfg_{};
+  std::vector<std::byte> storage_;
+  PlanView view_{};
+};
+
+// Builds rank cfg.rank's plan on the host from all W ranks' routing (routing.size() == W).
+// Throws InvalidArgument for bad routing (expert id out of range or negative, duplicate expert in a
+// token's top-k, more tokens than T_cap, more rows than max_rows) with a message naming the place.
+HostPlan build_plan_host(const PlanConfig& cfg, const std::vector<RoutingView>& routing);
+
+}  // namespace comet

@@ -1,0 +1,180 @@
+// Team: W ranks with symmetric buffers (every rank can address every peer's copy), signal words and a
+// barrier. Backends: LocalTeam (W virtual ranks in one process on one GPU) and IpcTeam (one process
+// per rank, CUDA IPC). Device-side waits are bounded; a timeout lands in the rank's DeviceStatus and
+// the host raises TimeoutError naming rank, site, index and the value seen.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "comet/common.hpp"
+
+namespace comet {
+
+// Where a rank's exported (symmetric) buffers live.
+//  device: in the rank's GPU memory (peers reach it over NVLink / peer access, or the same HBM).
+//  host:   in mapped pinned host memory, so that every remote access crosses the PCIe link. This is our
+//          stand-in for an interconnect on one GPU.
+enum class Link : int { device = 0, host = 1 };
+const char* to_string(Link link);
+Link parse_link(const std::string& s);  // "device" | "host"; throws InvalidArgument
+
+// What a bounded device wait was waiting for (reported on timeout).
+enum class WaitSite : int32_t {
+  none = 0,
+  signal = 1,       // index: signal id
+  barrier = 2,      // index: peer rank
+  tile_ready = 3,   // layer 0, index: M-tile
+  tile_done = 4,    // layer 1, index: tile (m * n_blocks + n)
+  test = 5,
+};
+const char* to_string(WaitSite site);
+
+// One per rank, in mapped pinned host memory: the host can read it even after a failed kernel.
+// The first failure wins (code is set with atomicCAS).
+struct DeviceStatus {
+  int32_t code;   // 0: ok, 1: timeout
+  int32_t rank;
+  int32_t site;   // WaitSite
+  int32_t index;
+  int64_t expected;
+  int64_t seen;
+  int32_t abort;  // set with the error: other waiters of this rank give up at once
+  int32_t pad;
+};
+
+// What kernels need to report and bound their waits; passed by value.
+struct TeamDeviceView {
+  int rank = 0;
+  int world = 1;
+  DeviceStatus* status = nullptr;  // device pointer to this rank's mapped status
+  uint64_t timeout_ns = 0;
+};
+
+// Handle of a symmetric allocation (same id on every rank).
+struct SymmetricId {
+  int id = -1;
+};
+
+class Team {
+ public:
+  virtual ~Team() = default;
+
+  int world() const { return world_; }
+  Link link() const { return link_; }
+  int device() const { return device_; }
+
+  // Ranks driven by this process (LocalTeam: all W; IpcTeam: one).
+  virtual std::vector<int> local_ranks() const = 0;
+  bool is_local(int rank) const;
+
+  // Each local rank's work goes on its own stream.
+  cudaStream_t stream(int rank) const;
+
+  // Collective: every process calls it in the same order with the same size. Zero-initialised.
+  virtual SymmetricId alloc_symmetric(size_t bytes) = 0;
+  // `rank`'s own copy, as `rank` addresses it (rank must be local).
+  void* local_ptr(SymmetricId buf, int rank) const;
+  // Device array [W]: entry p is peer p's copy as `rank` addresses it (entry rank == local_ptr).
+  void* const* peer_ptrs(SymmetricId buf, int rank) const;
+  // Host-side copy of the same table.
+  void* peer_ptr(SymmetricId buf, int rank, int peer) const;
+  size_t symmetric_bytes(SymmetricId buf) const;
+
+  // Signal words: every rank owns kNumSignals uint64 words in exported memory; peers set them.
+  static constexpr int kNumSignals = 64;
+  uint64_t* signal_ptr(int rank, int owner, int id) const;  // owner's word `id` as `rank` addresses it
+  // Enqueue on `rank`'s stream: set owner's word `id` to value (release, system scope).
+  void signal_set(int rank, int owner, int id, uint64_t value);
+  // Enqueue on `rank`'s stream: wait (bounded) until rank's own word `id` >= value.
+  void signal_wait(int rank, int id, uint64_t value);
+  // Enqueue on `rank`'s stream: reset rank's own word `id` to 0.
+  void signal_reset(int rank, int id);
+
+  // Enqueue on every local rank's stream: no rank's stream passes until all W ranks reached it.
+  virtual void barrier() = 0;
+
+  TeamDeviceView device_view(int rank) const;
+  void set_timeout(double seconds);
+  double timeout() const { return timeout_ns_ * 1e-9; }
+
+  // Synchronises every local stream, then raises TimeoutError if any local rank's status is set.
+  void synchronize();
+  // Raises TimeoutError if rank's status is set (does not synchronise).
+  void check(int rank) const;
+  // Clears rank's status (after a reported error, for tests).
+  void clear_status(int rank);
+
+ protected:
+  struct RankState {
+    cudaStream_t stream = nullptr;
+    DeviceStatus* status_host = nullptr;  // mapped pinned
+    DeviceStatus* status_dev = nullptr;
+  };
+  struct Allocation {
+    size_t bytes = 0;
+    std::vector<void*> local;            // [local rank slot] own copy
+    std::vector<std::vector<void*>> peers;  // [local rank slot][W]
+    std::vector<void**> peers_dev;          // [local rank slot] device copy of peers
+  };
+
+  Team(int world, Link link, int device);
+  void init_local_rank_state(int n_local);
+  int slot_of(int rank) const;  // index of a local rank in local_ranks()
+  SymmetricId register_allocation(Allocation a);
+  void release_base() noexcept;
+
+  int world_;
+  Link link_;
+  int device_;
+  uint64_t timeout_ns_ = 10ull * 1000 * 1000 * 1000;  // 10 s
+  std::vector<RankState> ranks_;         // by local slot
+  std::vector<Allocation> allocations_;
+  SymmetricId signals_{};               // kNumSignals words per rank (plus the barrier's words)
+};
+
+// W virtual ranks in one process on one GPU.
+class LocalTeam final : public Team {
+ public:
+  LocalTeam(int world, Link link = Link::device, int device = 0);
+  ~LocalTeam() override;
+  std::vector<int> local_ranks() const override;
+  SymmetricId alloc_symmetric(size_t bytes) override;
+  // Event join across the W streams.
+  void barrier() override;
+
+ private:
+  std::vector<void*> owned_;  // device or pinned host blocks to free
+  std::vector<cudaEvent_t> events_;
+};
+
+// Exchanges `bytes` from every rank: `all` receives world * bytes, rank-major. Collective.
+using AllGatherFn = std::function<void(const void* mine, void* all, size_t bytes)>;
+
+// One process per rank on one node. Buffers are cudaMalloc'ed (link = device) and shared with CUDA IPC
+// memory handles, exchanged through the caller's all-gather (torch.distributed from Python; a
+// Unix-socket rendezvous in C++ tests). Several ranks may share one GPU (processes on one H200).
+class IpcTeam final : public Team {
+ public:
+  IpcTeam(int rank, int world, AllGatherFn all_gather, int device = 0);
+  ~IpcTeam() override;
+  std::vector<int> local_ranks() const override;
+  SymmetricId alloc_symmetric(size_t bytes) override;
+  // Device barrier over the signal words (graph-safe: its epoch lives in device memory).
+  void barrier() override;
+  int rank() const { return rank_; }
+
+ private:
+  int rank_;
+  AllGatherFn all_gather_;
+  std::vector<void*> owned_;   // own cudaMalloc blocks
+  std::vector<void*> opened_;  // peers' blocks opened with cudaIpcOpenMemHandle
+  uint64_t* barrier_epoch_ = nullptr;  // device word
+};
+
+}  // namespace comet

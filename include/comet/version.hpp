@@ -1,0 +1,4 @@
+#pragma once
+namespace comet {
+const char* version();
+}

@@ -1,0 +1,4 @@
+#include "comet/version.hpp"
+namespace comet {
+const char* version() { return "0.1.0"; }
+}

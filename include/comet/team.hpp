@@ -32,11 +32,13 @@ enum class WaitSite : int32_t {
   tile_ready = 3,   // layer 0, index: M-tile
   tile_done = 4,    // layer 1, index: tile (m * n_blocks + n)
   test = 5,
+  bulk_copy = 6,    // a comm block's bulk copy did not complete, index: unit
 };
 const char* to_string(WaitSite site);
 
-// One per rank, in mapped pinned host memory: the host can read it even after a failed kernel.
-// The first failure wins (code is set with atomicCAS).
+// One per rank, in device memory (device atomics on it are plain GPU atomics); Team::check copies it
+// to the host. Kernels never trap on a timeout: they record it here and end, so the context stays
+// usable and the host can raise a precise error. The first failure wins (code is set with atomicCAS).
 struct DeviceStatus {
   int32_t code;   // 0: ok, 1: timeout
   int32_t rank;
@@ -52,7 +54,7 @@ struct DeviceStatus {
 struct TeamDeviceView {
   int rank = 0;
   int world = 1;
-  DeviceStatus* status = nullptr;  // device pointer to this rank's mapped status
+  DeviceStatus* status = nullptr;  // device pointer to this rank's status
   uint64_t timeout_ns = 0;
 };
 
@@ -113,8 +115,7 @@ class Team {
  protected:
   struct RankState {
     cudaStream_t stream = nullptr;
-    DeviceStatus* status_host = nullptr;  // mapped pinned
-    DeviceStatus* status_dev = nullptr;
+    DeviceStatus* status_dev = nullptr;  // device memory
   };
   struct Allocation {
     size_t bytes = 0;

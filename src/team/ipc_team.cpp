@@ -1,0 +1,116 @@
+// IpcTeam: one process per rank (several may share one GPU). Each symmetric buffer is a cudaMalloc of
+// this process, exported with a CUDA IPC handle; the handles travel through the caller's all-gather
+// and every process opens its peers' copies.
+#include <cstring>
+
+#include "comet/cuda_check.hpp"
+#include "comet/team.hpp"
+#include "team/cuda_helpers.hpp"
+#include "team/ipc_barrier.hpp"
+
+namespace comet {
+namespace {
+
+using team_detail::ScopedDevice;
+
+// What one rank contributes to the all-gather of alloc_symmetric. The size and rank travel along so
+// that a mismatched call sequence fails loudly instead of mapping the wrong buffer.
+struct ExportRecord {
+  cudaIpcMemHandle_t handle;
+  uint64_t bytes;
+  int32_t rank;
+  int32_t world;
+};
+
+void release_ipc(std::vector<void*>& opened, std::vector<void*>& owned, uint64_t*& epoch) noexcept {
+  for (void* p : opened) cudaIpcCloseMemHandle(p);
+  opened.clear();
+  for (void* p : owned) cudaFree(p);
+  owned.clear();
+  if (epoch) cudaFree(epoch);
+  epoch = nullptr;
+}
+
+}  // namespace
+
+IpcTeam::IpcTeam(int rank, int world, AllGatherFn all_gather, int device)
+    : Team(world, Link::device, device), rank_(rank), all_gather_(std::move(all_gather)) {
+  // Checked before anything collective, so that every rank fails the same way without waiting.
+  COMET_REQUIRE(rank >= 0 && rank < world, "IpcTeam: rank ", rank, " out of range [0, ", world, ")");
+  COMET_REQUIRE(static_cast<bool>(all_gather_), "IpcTeam: all_gather must be a callable function");
+  try {
+    ScopedDevice guard(device_);
+    init_local_rank_state(1);
+    COMET_CUDA_CHECK(cudaMalloc(&barrier_epoch_, sizeof(uint64_t)));
+    team_detail::zero_device_sync(barrier_epoch_, sizeof(uint64_t));
+    signals_ = alloc_symmetric(team_detail::signal_area_bytes(kNumSignals, world));
+  } catch (...) {
+    release_ipc(opened_, owned_, barrier_epoch_);
+    release_base();
+    throw;
+  }
+}
+
+IpcTeam::~IpcTeam() {
+  int previous = -1;
+  if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
+  for (RankState& r : ranks_) {
+    if (r.stream) cudaStreamSynchronize(r.stream);
+  }
+  release_ipc(opened_, owned_, barrier_epoch_);
+  if (previous >= 0 && previous != device_) cudaSetDevice(previous);
+  release_base();
+}
+
+std::vector<int> IpcTeam::local_ranks() const { return {rank_}; }
+
+SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
+  COMET_REQUIRE(bytes > 0, "alloc_symmetric: bytes must be > 0");
+  ScopedDevice guard(device_);
+  void* mine = nullptr;
+  COMET_CUDA_CHECK(cudaMalloc(&mine, bytes));
+  owned_.push_back(mine);
+  // Zeroed and complete before the handle leaves this process: peers may write as soon as they open it.
+  team_detail::zero_device_sync(mine, bytes);
+
+  ExportRecord me;
+  std::memset(&me, 0, sizeof(me));
+  COMET_CUDA_CHECK(cudaIpcGetMemHandle(&me.handle, mine));
+  me.bytes = bytes;
+  me.rank = rank_;
+  me.world = world_;
+  std::vector<ExportRecord> all(world_);
+  all_gather_(&me, all.data(), sizeof(ExportRecord));
+
+  for (int p = 0; p < world_; ++p) {
+    COMET_REQUIRE(all[p].rank == p && all[p].world == world_, "alloc_symmetric: all-gather slot ", p,
+                  " came from rank ", all[p].rank, " of world ", all[p].world, " (expected rank ", p, " of ", world_,
+                  "): the all-gather must be rank-major over the same ranks");
+    COMET_REQUIRE(all[p].bytes == bytes, "alloc_symmetric: rank ", p, " asked for ", all[p].bytes, " bytes, rank ",
+                  rank_, " for ", bytes, ": every rank must make the same calls with the same sizes");
+  }
+
+  Allocation a;
+  a.bytes = bytes;
+  a.local = {mine};
+  a.peers.assign(1, std::vector<void*>(world_, nullptr));
+  for (int p = 0; p < world_; ++p) {
+    if (p == rank_) {
+      a.peers[0][p] = mine;
+      continue;
+    }
+    void* theirs = nullptr;
+    COMET_CUDA_CHECK(cudaIpcOpenMemHandle(&theirs, all[p].handle, cudaIpcMemLazyEnablePeerAccess));
+    opened_.push_back(theirs);
+    a.peers[0][p] = theirs;
+  }
+  return register_allocation(std::move(a));
+}
+
+void IpcTeam::barrier() {
+  ScopedDevice guard(device_);
+  auto* const* areas = reinterpret_cast<uint64_t* const*>(peer_ptrs(signals_, rank_));
+  team_detail::launch_ipc_barrier(ranks_[0].stream, barrier_epoch_, areas, kNumSignals, device_view(rank_));
+}
+
+}  // namespace comet

@@ -1,0 +1,27 @@
+// comet_ipc_tests: one executable that plays two roles. Run plainly, it is the parent: it spawns one
+// child process per rank (fork + exec of itself, with the rank in the environment), bounds and reaps
+// them, and reports one line per case. Run with COMET_IPC_RANK set, it is one rank of a case.
+#pragma once
+
+#include <string>
+
+namespace comet::ipc_test {
+
+inline constexpr const char* kEnvRank = "COMET_IPC_RANK";
+inline constexpr const char* kEnvWorld = "COMET_IPC_WORLD";
+inline constexpr const char* kEnvSocket = "COMET_IPC_SOCKET";
+
+inline constexpr int kSkipExitCode = 77;      // CTest's SKIP_RETURN_CODE
+inline constexpr unsigned kChildAlarmS = 150;  // a child that is still alive then is killed by SIGALRM
+inline constexpr double kCaseDeadlineS = 180;  // the parent kills whatever is left of a case then
+inline constexpr double kFailureGraceS = 30;   // after one rank fails, how long the others may take
+inline constexpr double kDeviceTimeoutS = 20;  // bounded device waits inside the children
+
+// The child role: one rank of an IpcTeam case. Returns the process exit code (0: every check passed).
+int run_rank(int rank, int world, const std::string& socket_path);
+
+// Creates a CUDA context and returns 0, kSkipExitCode when there is no GPU, 1 when CUDA fails.
+// Runs in its own process (the parent must not initialise CUDA before it forks).
+int probe_gpu();
+
+}  // namespace comet::ipc_test

@@ -1,0 +1,103 @@
+// comet::FusedMoe: the distributed MoE layer with communication hidden inside the expert GEMMs.
+//
+//   layer 0  dispatch + GEMM0 + activation  (one persistent kernel: comm blocks pull remote token rows,
+//            compute blocks run the GEMM on M-tiles as their rows land; local tiles first)
+//   layer 1  GEMM1 + top-k combine          (one persistent kernel: compute blocks make column blocks,
+//            comm blocks weight, pre-reduce and ship finished slices to the tokens' owners)
+//   finish   each rank sums its tokens' partial rows in rank order (bitwise reproducible)
+//
+// One FusedMoe serves every rank this process drives (LocalTeam: all W; IpcTeam: one). Device memory
+// is sized once by MoeCapacity; a call never synchronises with the host, so forward() can be captured
+// in a CUDA graph. Routing is validated on the device: errors surface at sync_and_check() (at once
+// with MoeOptions::checking or COMET_CHECK=1).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comet/device_plan.hpp"
+#include "comet/shape.hpp"
+#include "comet/team.hpp"
+#include "comet/variant.hpp"
+
+namespace comet {
+
+struct MoeCapacity {
+  int max_tokens_per_rank = 0;  // T_cap: most tokens one rank may pass in a call
+  // Rows of each rank's gathered buffer (padding to 128 rows per expert included). 0: the worst case,
+  // W * T_cap * min(k, E_l) + E_l * 127 rounded up (safe, but large for big shapes).
+  int max_rows_per_rank = 0;
+};
+
+struct MoeOptions {
+  LayerVariant layer0{256, 2, 16, 1};
+  LayerVariant layer1{256, 4, 16, 1};
+  bool checking = false;  // synchronise and raise device-reported errors after every call
+};
+
+// One rank's inputs and output for a call (device pointers, bf16 activations).
+struct RankBatch {
+  int tokens = 0;
+  const void* x = nullptr;        // [tokens][H] bf16
+  const int32_t* ids = nullptr;   // [tokens][k] expert ids
+  const float* gates = nullptr;   // [tokens][k] gate weights
+  void* out = nullptr;            // [tokens][H] bf16
+};
+
+class FusedMoe {
+ public:
+  FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const MoeCapacity& cap,
+           const MoeOptions& options = {});
+  ~FusedMoe();
+  FusedMoe(const FusedMoe&) = delete;
+  FusedMoe& operator=(const FusedMoe&) = delete;
+
+  // Expert weights of a local rank, in the layout of weight_layout.hpp (device pointers, bf16):
+  // w0 [E_l][w0 rows of the shard][H], w1 [E_l][H][F/tp].
+  void set_weights(int rank, const void* w0, const void* w1);
+
+  // The whole layer for every local rank; batches[i] belongs to team.local_ranks()[i].
+  void forward(const std::vector<RankBatch>& batches);
+
+  // ---- the steps of forward(), per local rank (tests and benchmarks) --------------------------------
+  void stage(int rank, const RankBatch& batch);  // x and routing into the rank's exported buffers
+  void prepare(int rank);                        // device plan, new epoch, local rows into A
+  void layer0(int rank, LayerMode mode, const LayerVariant& v);
+  void layer1(int rank, LayerMode mode, const LayerVariant& v);
+  void finish(int rank, const RankBatch& batch);  // sum of partials -> batch.out (after a barrier)
+  void advance_epoch(int rank);                  // a new generation for flags (benchmarks re-running a layer)
+
+  // Synchronises the local ranks and raises what the device reported (timeouts, bad routing).
+  void sync_and_check();
+
+  // ---- introspection -----------------------------------------------------------------------------
+  const MoeShape& shape() const { return shape_; }
+  const Parallel& parallel() const { return par_; }
+  const MoeCapacity& capacity() const { return cap_; }
+  const MoeOptions& options() const { return options_; }
+  MoeOptions& options() { return options_; }
+  Team& team() const { return team_; }
+  const DevicePlan& plan(int rank) const;
+  const void* gathered(int rank) const;    // A [rows_cap][H]
+  const void* hidden(int rank) const;      // layer 0 output [rows_cap][F/tp]
+  const void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
+  // Resident grid capacity of a fused kernel (comm + compute blocks cannot exceed it).
+  int max_blocks(int layer, int tile_n) const;
+
+ private:
+  struct RankState;
+  RankState& state(int rank) const;
+
+  Team& team_;
+  MoeShape shape_;
+  Parallel par_;
+  MoeCapacity cap_;
+  MoeOptions options_;
+  SymmetricId x_sym_, routing_sym_, recv_sym_;
+  std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
+};
+
+}  // namespace comet

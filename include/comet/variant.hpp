@@ -1,0 +1,18 @@
+// A compiled variant of a fused layer and the run-time knobs of one launch: what the tuner chooses.
+#pragma once
+
+namespace comet {
+
+// fused:     comm and compute blocks in one persistent launch (the product).
+// gemm_only: compute blocks only, no waits (layer 0 assumes its rows are present): T_gemm.
+// comm_only: comm blocks only, no waits on compute (layer 1 ships whatever Y holds): T_comm.
+enum class LayerMode : int { fused = 0, gemm_only = 1, comm_only = 2 };
+
+struct LayerVariant {
+  int tile_n = 256;  // compiled GEMM tiles: 128x256 or 128x128 (TileM is 128)
+  int n_comm = 2;    // comm blocks; the rest of the resident grid computes
+  int m_group = 16;  // rasterisation: M-tiles per group (L2 reuse)
+  int n_group = 1;   // layer 1: column blocks per group shipped together
+};
+
+}  // namespace comet

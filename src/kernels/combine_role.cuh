@@ -1,0 +1,105 @@
+// Layer 1's comm role: as soon as column block n of an expert's output rows is done, weight each row
+// by its gate, sum the rows this rank holds for the same token (in k-slot order), and write the
+// partial row slice into the token owner's receive slot for this rank. The owner later sums the slots
+// in rank order (final_reduce), so the result is bitwise reproducible whatever n_comm or timing is.
+//
+// Work items are (column chunk n of 256 columns, unit u), n-major, so early columns ship first while
+// the compute blocks make the next ones. A chunk covers 256 / TileN GEMM column blocks, whose done
+// flags are all checked. Each comm warp takes items warp_id, warp_id + n_warps, ... and handles kBatch
+// of them at once to keep several loads in flight; lane l covers 8 columns (16 bytes).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include "kernels/layer_args.hpp"
+#include "team/device_wait.cuh"
+
+namespace comet::kernels {
+
+
+__device__ __forceinline__ void accumulate_bf16x8(float (&acc)[8], const uint4& v, float w) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    acc[2 * i] += w * f.x;
+    acc[2 * i + 1] += w * f.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&acc)[8]) {
+  uint4 out;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
+  return out;
+}
+
+// Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
+__device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, int32_t epoch,
+                                        bool wait_done, const TeamDeviceView& team) {
+  constexpr int kBatch = 4;
+  constexpr int kChunk = 256;  // columns per item: 32 lanes x 8
+  const int sub_blocks = kChunk / c.tile_n;
+  const int n_chunks = (c.hidden + kChunk - 1) / kChunk;
+  const int lane = threadIdx.x % 32;
+  const int warps_per_block = blockDim.x / 32;
+  const int n_warps = n_comm * warps_per_block;
+  const int warp_id = comm_index * warps_per_block + threadIdx.x / 32;
+  const int units = *c.plan.num_units;
+  const long long items = (long long)units * n_chunks;
+  const int k = c.topk;
+
+  for (long long first = (long long)warp_id * kBatch; first < items; first += (long long)n_warps * kBatch) {
+    const int batch = int(items - first < kBatch ? items - first : kBatch);
+    // 1. Wait until every row slice of the batch is done (lanes poll different flags in parallel).
+    if (wait_done) {
+      for (int idx = lane; idx < batch * k * sub_blocks; idx += 32) {
+        const long long item = first + idx / (k * sub_blocks);
+        const int chunk = int(item / units), u = int(item % units);
+        const int row = c.plan.unit_rows[size_t(u) * k + (idx / sub_blocks) % k];
+        const int n = chunk * sub_blocks + idx % sub_blocks;
+        if (row < 0 || n >= c.n_blocks) continue;
+        const int flag = (row / c.tile_m) * c.n_blocks + n;
+        dev::wait_flag_gpu(&c.tile_done[flag], epoch, team, WaitSite::tile_done, flag);
+      }
+      __syncwarp();  // lanes' acquires now cover the whole warp's reads below
+    }
+    // 2. Weighted sum over the unit's slots, fp32, fixed slot order.
+    float acc[kBatch][8];
+    int col[kBatch];
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) acc[b][i] = 0.f;
+      const long long item = first + b;
+      col[b] = b < batch ? int(item / units) * kChunk + lane * 8 : c.hidden;
+    }
+    for (int j = 0; j < k; ++j) {
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        if (b >= batch || col[b] >= c.hidden) continue;
+        const int u = int((first + b) % units);
+        const int row = c.plan.unit_rows[size_t(u) * k + j];
+        if (row < 0) continue;
+        const float gate = c.plan.unit_gates[size_t(u) * k + j];
+        const uint4 v = *reinterpret_cast<const uint4*>(c.y + size_t(row) * c.hidden + col[b]);
+        accumulate_bf16x8(acc[b], v, gate);
+      }
+    }
+    // 3. Ship: the owner's slot for this rank (or this rank's own partial buffer).
+#pragma unroll
+    for (int b = 0; b < kBatch; ++b) {
+      if (b >= batch || col[b] >= c.hidden) continue;
+      const int u = int((first + b) % units);
+      const int owner = c.plan.unit_src[u];
+      const int token = c.plan.unit_token[u];
+      __nv_bfloat16* dst = owner == c.rank
+                               ? c.self_partial + size_t(token) * c.hidden
+                               : c.peer_recv[owner] + (size_t(c.rank) * c.max_tokens + token) * c.hidden;
+      *reinterpret_cast<uint4*>(dst + col[b]) = pack_bf16x8(acc[b]);
+    }
+  }
+}
+
+}  // namespace comet::kernels

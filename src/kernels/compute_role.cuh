@@ -1,0 +1,97 @@
+// The compute role shared by both fused layers: a persistent, warp-specialized GEMM over a tile list
+// that WE order. Warp group 0, warp 0 is the TMA producer; warp groups 1 and 2 are the wgmma consumers
+// that share each 128-row tile (CUTLASS's cooperative schedule). The layer supplies three things:
+//   schedule.count() / schedule.at(w)  which tile is the w-th of this call (plan order, rasterised)
+//   hooks.before_load(tile, lane)      called by the whole producer warp before a tile's TMA loads
+//                                      (layer 0 waits there for the tile's rows to land)
+//   hooks.epilogue(acc, tile, tid)     called by the 256 consumer threads with the fp32 accumulators
+//                                      (activation + store; layer 1 also publishes the tile's done flag)
+// Compute block c of n_compute takes tiles c, c + n_compute, ... so that all blocks walk the list
+// together, in its order.
+#pragma once
+
+#include <cutlass/arch/reg_reconfig.h>
+
+#include "kernels/gemm_config.cuh"
+
+namespace comet::kernels {
+
+// One unit of compute-block work: an (M-tile, N-block) of one expert's GEMM.
+struct TileCoord {
+  int m_block;  // M-tile index into A's rows (rows m_block * TileM ...)
+  int n_block;  // N-block index into B's rows / the output's columns
+  int expert;   // local expert (the L index of B)
+  int rows;     // valid rows of the M-tile
+};
+
+// Problem extents the TMA views are built with.
+struct GemmExtents {
+  int rows_cap;  // rows of A (capacity)
+  int n;         // rows of each expert's B (= output columns before any gating)
+  int k;
+  int experts;
+};
+
+template <class Cfg, class Schedule, class Hooks>
+__device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const GemmExtents& ext,
+                                 const Schedule& schedule, Hooks& hooks, int compute_index, int n_compute,
+                                 char* smem) {
+  using namespace cute;
+  using Mainloop = typename Cfg::Mainloop;
+  using Pipeline = typename Cfg::Pipeline;
+  auto& storage = *reinterpret_cast<typename Cfg::SharedStorage*>(smem);
+
+  const int warp_group = threadIdx.x / 128;
+  const int warp_in_group = (threadIdx.x / 32) % 4;
+  const int lane = threadIdx.x % 32;
+
+  typename Pipeline::Params pipe_params;
+  if (warp_group == 0 && warp_in_group == 0) pipe_params.role = Pipeline::ThreadCategory::Producer;
+  if (warp_group > 0) pipe_params.role = Pipeline::ThreadCategory::Consumer;
+  pipe_params.is_leader = (threadIdx.x % 128) == 0;
+  pipe_params.num_consumers = Cfg::kConsumerThreads;
+  pipe_params.transaction_bytes = mp.tma_transaction_bytes;
+  Pipeline pipeline(storage.pipeline, pipe_params, typename Cfg::ClusterShape{});
+  __syncthreads();  // barrier initialisation visible to every warp
+
+  Mainloop mainloop;
+  auto load_inputs = Cfg::load_inputs(mp, ext.rows_cap, ext.n, ext.k, ext.experts);
+  const int k_tiles = (ext.k + Cfg::TileK - 1) / Cfg::TileK;
+  const int n_work = schedule.count();
+
+  if (warp_group == 0) {
+    cutlass::arch::warpgroup_reg_dealloc<40>();
+    if (warp_in_group != 0) return;
+    if (lane == 0) Mainloop::prefetch_tma_descriptors(mp);
+    auto write_state = cutlass::make_producer_start_state<Pipeline>();
+    Tensor gA = get<0>(load_inputs);
+    for (int w = compute_index; w < n_work; w += n_compute) {
+      const TileCoord tile = schedule.at(w);
+      hooks.before_load(tile, lane);
+      auto k_iter = make_coord_iterator(idx2crd(0, shape<3>(gA)), shape<3>(gA));
+      mainloop.load(mp, pipeline, write_state, load_inputs, make_coord(tile.m_block, tile.n_block, _, tile.expert),
+                    k_iter, k_tiles, lane, 0u, storage.tensors);
+      write_state.advance(k_tiles);
+    }
+    mainloop.load_tail(pipeline, write_state);
+  } else {
+    cutlass::arch::warpgroup_reg_alloc<232>();
+    const int mma_thread = threadIdx.x % Cfg::kConsumerThreads;  // same numbering as CUTLASS's kernel
+    typename Cfg::TiledMma tiled_mma;
+    typename Cfg::PipelineState read_state;
+    for (int w = compute_index; w < n_work; w += n_compute) {
+      const TileCoord tile = schedule.at(w);
+      auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
+      mainloop.mma(pipeline, read_state, acc, k_tiles, mma_thread, storage.tensors, mp);
+      mainloop.mma_tail(pipeline, read_state, k_tiles);
+      read_state.advance(k_tiles);
+      hooks.epilogue(acc, tile, mma_thread);
+    }
+  }
+}
+
+// Named barrier over the 256 consumer threads (id 0 is __syncthreads; CUTLASS's epilogues, which we
+// do not use here, reserve low ids, so we take a high one).
+__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 12, 256;" ::: "memory"); }
+
+}  // namespace comet::kernels

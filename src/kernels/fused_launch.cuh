@@ -1,0 +1,96 @@
+// Launch of the fused kernels for one compiled tile shape (included by one .cu per shape).
+#pragma once
+
+#include "comet/cuda_check.hpp"
+#include "kernels/fused_layers.hpp"
+#include "kernels/layer0_kernel.cuh"
+#include "kernels/layer1_kernel.cuh"
+
+namespace comet::kernels {
+
+// Resident blocks per SM with the kernel's dynamic shared memory; the persistent grid must fit in
+// sms * that, or blocks that wait on each other could wait on a block that never starts.
+template <class Kernel>
+LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads) {
+  int device = 0, sms = 0, per_sm = 0;
+  COMET_CUDA_CHECK(cudaGetDevice(&device));
+  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  COMET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
+  COMET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+  return LaunchLimits{sms, sms * per_sm};
+}
+
+// Compute blocks take the SMs the comm blocks leave: grid = resident capacity (one block per SM).
+inline int compute_blocks(const LaunchLimits& lim, int n_comm, Mode mode) {
+  if (mode == Mode::comm_only) return 0;
+  return mode == Mode::gemm_only ? lim.max_blocks : lim.max_blocks - n_comm;
+}
+
+template <class Cfg>
+LaunchLimits layer0_limits_for() {
+  return resident_limits(layer0_kernel<Cfg>, Cfg::kSharedBytes, Cfg::kThreads);
+}
+template <class Cfg>
+LaunchLimits layer1_limits_for() {
+  return resident_limits(layer1_kernel<Cfg>, Cfg::kSharedBytes, Cfg::kThreads);
+}
+
+template <class Cfg>
+void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
+  const LaunchLimits lim = layer0_limits_for<Cfg>();
+  Layer0Params<Cfg> p{};
+  p.ext = GemmExtents{l.rows_cap, l.n0, l.dispatch.hidden, l.experts};
+  p.mainloop = Cfg::make_params(l.dispatch.a, l.rows_cap, l.dispatch.hidden, l.w0, l.n0, l.experts);
+  p.dispatch = l.dispatch;
+  p.act = l.act;
+  p.hid = static_cast<__nv_bfloat16*>(l.hid);
+  p.hid_ld = l.hid_ld;
+  p.epoch = l.epoch;
+  p.n_comm = l.mode == Mode::gemm_only ? 0 : l.n_comm;
+  p.n_compute = compute_blocks(lim, p.n_comm, l.mode);
+  p.m_group = l.m_group;
+  p.smem_bytes = Cfg::kSharedBytes;
+  p.wait_ready = l.mode == Mode::fused;
+  p.team = l.team;
+  const int grid = p.n_comm + p.n_compute;
+  if (grid == 0) return;
+  layer0_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
+  COMET_CUDA_CHECK_LAUNCH();
+}
+
+template <class Cfg>
+void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
+  const LaunchLimits lim = layer1_limits_for<Cfg>();
+  Layer1Params<Cfg> p{};
+  p.ext = GemmExtents{l.rows_cap, l.combine.hidden, l.ffn_shard, l.experts};
+  p.mainloop = Cfg::make_params(l.hid, l.rows_cap, l.ffn_shard, l.w1, l.combine.hidden, l.experts);
+  p.combine = l.combine;
+  p.y = static_cast<__nv_bfloat16*>(l.y);
+  p.tile_done = l.tile_done;
+  p.epoch = l.epoch;
+  p.n_comm = l.mode == Mode::gemm_only ? 0 : l.n_comm;
+  p.n_compute = compute_blocks(lim, p.n_comm, l.mode);
+  p.m_group = l.m_group;
+  p.n_group = l.n_group;
+  p.wait_done = l.mode == Mode::fused;
+  p.team = l.team;
+  const int grid = p.n_comm + p.n_compute;
+  if (grid == 0) return;
+  layer1_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
+  COMET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace comet::kernels
+
+// One .cu per tile shape defines these through this macro.
+#define COMET_DEFINE_FUSED_LAYERS(TM, TN)                                                                    \
+  namespace comet::kernels {                                                                                 \
+  LaunchLimits layer0_limits_##TM##x##TN() { return layer0_limits_for<GemmConfig<TM, TN>>(); }                \
+  LaunchLimits layer1_limits_##TM##x##TN() { return layer1_limits_for<GemmConfig<TM, TN>>(); }                \
+  void launch_layer0_##TM##x##TN(const Layer0Launch& l, cudaStream_t s) {                                     \
+    launch_layer0_for<GemmConfig<TM, TN>>(l, s);                                                              \
+  }                                                                                                          \
+  void launch_layer1_##TM##x##TN(const Layer1Launch& l, cudaStream_t s) {                                     \
+    launch_layer1_for<GemmConfig<TM, TN>>(l, s);                                                              \
+  }                                                                                                          \
+  }

@@ -1,0 +1,88 @@
+// Fused layer 0: token dispatch overlapped inside the expert grouped GEMM (M-split).
+//   blocks [0, n_comm)           comm blocks: pull remote rows into A, release tile_ready[m]   (dispatch_role)
+//   blocks [n_comm, gridDim.x)   compute blocks: walk the tiles in plan order; the producer warp waits
+//                                on tile_ready[m] >= epoch before loading a tile that has remote rows;
+//                                the epilogue applies the activation and writes the hidden rows.
+// Local rows are in A before the launch (local_scatter), so local tiles (first in the order) start at once.
+#pragma once
+
+#include "kernels/compute_role.cuh"
+#include "kernels/dispatch_role.cuh"
+#include "kernels/epilogue.cuh"
+#include "kernels/fused_layers.hpp"
+
+namespace comet::kernels {
+
+template <class Cfg>
+struct Layer0Params {
+  typename Cfg::MainloopParams mainloop;
+  GemmExtents ext;  // rows_cap, n = W0 rows, k = H, experts
+  DispatchArgs dispatch;
+  EpilogueOp act;
+  __nv_bfloat16* hid;
+  int hid_ld;
+  const int32_t* epoch;
+  int n_comm;
+  int n_compute;
+  int m_group;
+  int smem_bytes;
+  bool wait_ready;
+  TeamDeviceView team;
+};
+
+// Work w -> (M-tile, N-block): groups of m_group consecutive entries of tile_order, and inside a group
+// every N-block for each of its M-tiles, N-major, so that the group's A tiles and a few B slabs stay
+// in L2 while the whole grid works on them. Groups follow tile_order, i.e. arrival order.
+struct Layer0Schedule {
+  const PlanView& plan;
+  int n_blocks;
+  int m_group;
+  __device__ int count() const { return *plan.num_tiles * n_blocks; }
+  __device__ TileCoord at(int w) const {
+    const int m_tiles = *plan.num_tiles;
+    const int group = w / (m_group * n_blocks);
+    const int base = group * m_group;
+    const int size = min(m_group, m_tiles - base);
+    const int r = w - group * m_group * n_blocks;
+    const int m = plan.tile_order[base + r % size];
+    return TileCoord{m, r / size, plan.tile_expert[m], plan.tile_rows[m]};
+  }
+};
+
+template <class Cfg>
+struct Layer0Hooks {
+  const Layer0Params<Cfg>& p;
+  int32_t epoch;
+
+  // Whole producer warp: lane 0 waits for the tile's remote rows; then every lane orders its later
+  // TMA (async proxy) reads after the rows the comm blocks wrote.
+  __device__ void before_load(const TileCoord& tile, int lane) {
+    if (p.wait_ready && p.dispatch.plan.tile_remote_rows[tile.m_block] > 0) {
+      if (lane == 0) {
+        dev::wait_flag_gpu(&p.dispatch.tile_ready[tile.m_block], epoch, p.team, WaitSite::tile_ready, tile.m_block);
+      }
+      __syncwarp();
+      dev::fence_proxy_async_global();
+    }
+  }
+
+  template <class Acc>
+  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread) {
+    store_tile<Cfg>(acc, mma_thread, tile, p.act, p.hid, p.hid_ld, p.ext.n);
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg> p) {
+  extern __shared__ __align__(1024) char smem[];
+  const int32_t epoch = *p.epoch;
+  if (int(blockIdx.x) < p.n_comm) {
+    run_dispatch_role(p.dispatch, blockIdx.x, p.n_comm, epoch, smem, p.smem_bytes, p.team);
+    return;
+  }
+  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.m_group};
+  Layer0Hooks<Cfg> hooks{p, epoch};
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - p.n_comm, p.n_compute, smem);
+}
+
+}  // namespace comet::kernels

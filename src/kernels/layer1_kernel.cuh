@@ -1,0 +1,87 @@
+// Fused layer 1: expert grouped GEMM overlapped with the top-k combine (N-split).
+//   blocks [0, n_comm)           comm blocks: for each finished (M-tile, column block), weight, sum
+//                                over this rank's slots of the token and ship the slice to the token's
+//                                owner (combine_role)
+//   blocks [n_comm, gridDim.x)   compute blocks: column groups in order; each tile's epilogue writes
+//                                Y's rows and releases tile_done[m * n_blocks + n] = epoch.
+#pragma once
+
+#include "kernels/combine_role.cuh"
+#include "kernels/compute_role.cuh"
+#include "kernels/epilogue.cuh"
+#include "kernels/fused_layers.hpp"
+
+namespace comet::kernels {
+
+template <class Cfg>
+struct Layer1Params {
+  typename Cfg::MainloopParams mainloop;
+  GemmExtents ext;  // rows_cap, n = H, k = F shard, experts
+  CombineArgs combine;
+  __nv_bfloat16* y;
+  int32_t* tile_done;
+  const int32_t* epoch;
+  int n_comm;
+  int n_compute;
+  int m_group;
+  int n_group;
+  bool wait_done;
+  TeamDeviceView team;
+};
+
+// Work w -> (M-tile, N-block): column groups of n_group blocks, in order (the comm blocks ship column
+// group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major.
+struct Layer1Schedule {
+  const PlanView& plan;
+  int n_blocks;
+  int m_group;
+  int n_group;
+  __device__ int count() const { return *plan.num_tiles * n_blocks; }
+  __device__ TileCoord at(int w) const {
+    const int m_tiles = *plan.num_tiles;
+    const int group = w / (n_group * m_tiles);
+    const int group_blocks = min(n_group, n_blocks - group * n_group);
+    int r = w - group * n_group * m_tiles;
+    const int chunk = r / (m_group * group_blocks);
+    const int base = chunk * m_group;
+    const int size = min(m_group, m_tiles - base);
+    r -= chunk * m_group * group_blocks;
+    const int m = base + r % size;
+    return TileCoord{m, group * n_group + r / size, plan.tile_expert[m], plan.tile_rows[m]};
+  }
+};
+
+template <class Cfg>
+struct Layer1Hooks {
+  const Layer1Params<Cfg>& p;
+  int32_t epoch;
+  int n_blocks;
+
+  __device__ void before_load(const TileCoord&, int) {}
+
+  template <class Acc>
+  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread) {
+    store_tile<Cfg>(acc, mma_thread, tile, EpilogueOp::none, p.y, p.ext.n, p.ext.n);
+    consumer_barrier();  // every consumer thread's stores of this tile are issued
+    if (mma_thread == 0) {
+      __threadfence();
+      dev::st_release_gpu(&p.tile_done[tile.m_block * n_blocks + tile.n_block], epoch);
+    }
+  }
+};
+
+template <class Cfg>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_constant__ Layer1Params<Cfg> p) {
+  extern __shared__ __align__(1024) char smem[];
+  const int32_t epoch = *p.epoch;
+  if (int(blockIdx.x) < p.n_comm) {
+    run_combine_role(p.combine, blockIdx.x, p.n_comm, epoch, p.wait_done, p.team);
+    return;
+  }
+  const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
+  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.m_group, p.n_group};
+  Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - p.n_comm, p.n_compute, smem);
+}
+
+}  // namespace comet::kernels

@@ -1,0 +1,44 @@
+// Arguments of the fused layers' comm roles and the epilogue kinds: plain structs, usable from host
+// code (the ops layer fills them) and device code (the kernels read them).
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "comet/plan.hpp"
+
+namespace comet::kernels {
+
+// What the GEMM epilogue applies before storing bf16: the expert activation (layer 0) or nothing.
+enum class EpilogueOp : int { none = -1, swiglu = 0, gelu = 1, silu = 2 };
+
+// Layer 0's comm role (dispatch_role.cuh).
+struct DispatchArgs {
+  const __nv_bfloat16* const* peer_x;  // [W] every rank's token rows [T_cap][H] (exported)
+  __nv_bfloat16* a;                    // gathered rows [rows_cap][H]
+  int hidden;
+  int topk;
+  int tile_m;
+  PlanView plan;
+  int32_t* tile_arrived;  // [max_tiles] remote rows landed so far in this call (self-resetting)
+  int32_t* tile_ready;    // [max_tiles] epoch of the last call whose rows are all in
+};
+
+// Layer 1's comm role (combine_role.cuh).
+struct CombineArgs {
+  const __nv_bfloat16* y;          // expert outputs [rows_cap][H] (this rank's partial over its F shard)
+  __nv_bfloat16* const* peer_recv;  // [W] each owner's receive buffer [W][T_cap][H], as seen from here
+  __nv_bfloat16* self_partial;     // [T_cap][H] this rank's slot for its own tokens (device memory)
+  int hidden;
+  int topk;
+  int tile_m;
+  int tile_n;     // column block width of the GEMM (TileN: 128 or 256)
+  int n_blocks;   // GEMM column blocks: ceil(H / tile_n)
+  int max_tokens; // T_cap
+  int rank;
+  PlanView plan;
+  const int32_t* tile_done;  // [max_tiles * n_blocks] epoch of the last call that finished (m, n)
+};
+
+}  // namespace comet::kernels

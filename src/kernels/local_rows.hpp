@@ -1,0 +1,31 @@
+// The small kernels around the fused layers (see local_rows.cu).
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "comet/plan.hpp"
+
+namespace comet::kernels {
+
+void advance_epoch(int32_t* epoch, cudaStream_t stream);
+
+// *word = value, on the stream (a host value into device or mapped memory without a host sync).
+void store_word(int32_t* word, int32_t value, cudaStream_t stream);
+
+// Copies rows of the rank's own tokens x [T][H] into A per the plan's local units.
+// max_local_items bounds num_local_units * topk (sizes the grid without reading the plan on the host).
+void scatter_local(const void* x, void* a, int hidden, int topk, int max_local_items, const PlanView& plan,
+                   cudaStream_t stream);
+
+struct FinalReduceArgs {
+  const __nv_bfloat16* recv;          // this rank's receive buffer [W][T_cap][H] (slot q from rank q)
+  const __nv_bfloat16* self_partial;  // [T_cap][H] this rank's own partials
+  const int32_t* ids;                 // this rank's routing [tokens][k] (device)
+  __nv_bfloat16* out;                 // [tokens][H]
+  int tokens, hidden, topk, max_tokens;
+  int world, tp, rank, local_experts, num_experts;
+};
+void final_reduce(const FinalReduceArgs& args, cudaStream_t stream);
+
+}  // namespace comet::kernels

@@ -1,0 +1,299 @@
+// FusedMoe: buffers, validation and the launch sequence of the fused MoE layer (see fused_moe.hpp).
+#include "comet/fused_moe.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "comet/cuda_check.hpp"
+#include "kernels/fused_layers.hpp"
+#include "kernels/local_rows.hpp"
+
+namespace comet {
+
+namespace {
+
+constexpr int kTileM = kernels::kTileM;
+
+int round_up(long long v, int to) { return int((v + to - 1) / to * to); }
+
+int default_rows(const MoeShape& s, const Parallel& p, int max_tokens) {
+  const int el = p.local_experts(s);
+  const long long rows = (long long)p.world() * max_tokens * std::min(s.topk, el) + (long long)el * (kTileM - 1);
+  COMET_REQUIRE(rows < (1LL << 31) - kTileM, "FusedMoe: the worst-case gathered buffer has ", rows,
+                " rows; give MoeCapacity::max_rows_per_rank explicitly");
+  return round_up(std::max(rows, 1LL), kTileM);
+}
+
+void validate_variant(const LayerVariant& v, const char* layer) {
+  COMET_REQUIRE(kernels::is_supported_tile_n(v.tile_n), "FusedMoe ", layer, ": tile_n must be 128 or 256, got ",
+                v.tile_n);
+  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe ", layer, ": n_comm must be >= 0, got ", v.n_comm);
+  COMET_REQUIRE(v.m_group >= 1 && v.n_group >= 1, "FusedMoe ", layer, ": m_group and n_group must be >= 1");
+}
+
+kernels::EpilogueOp activation_op(Activation a) {
+  switch (a) {
+    case Activation::swiglu: return kernels::EpilogueOp::swiglu;
+    case Activation::gelu: return kernels::EpilogueOp::gelu;
+    case Activation::silu: return kernels::EpilogueOp::silu;
+  }
+  return kernels::EpilogueOp::none;
+}
+
+bool checking_from_env() {
+  const char* v = std::getenv("COMET_CHECK");
+  return v && std::string(v) == "1";
+}
+
+}  // namespace
+
+struct FusedMoe::RankState {
+  int rank = 0;
+  cudaStream_t stream = nullptr;
+  DevicePlan plan;
+  void* a = nullptr;             // [rows_cap][H]
+  void* hid = nullptr;           // [rows_cap][F_s]
+  void* y = nullptr;             // [rows_cap][H]
+  void* self_partial = nullptr;  // [T_cap][H]
+  int32_t* tile_ready = nullptr;    // [max_tiles]
+  int32_t* tile_arrived = nullptr;  // [max_tiles]
+  int32_t* tile_done = nullptr;     // [max_tiles * ceil(H / 128)]
+  int32_t* epoch = nullptr;
+  const void* w0 = nullptr;
+  const void* w1 = nullptr;
+  const void* x = nullptr;  // the staged batch's tokens (device)
+  int tokens = 0;
+  std::vector<void*> owned;
+
+  void* alloc(size_t bytes) {
+    void* p = nullptr;
+    COMET_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(bytes, 16)));
+    COMET_CUDA_CHECK(cudaMemset(p, 0, std::max<size_t>(bytes, 16)));
+    owned.push_back(p);
+    return p;
+  }
+  ~RankState() {
+    for (void* p : owned) cudaFree(p);
+  }
+};
+
+FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const MoeCapacity& cap,
+                   const MoeOptions& options)
+    : team_(team), shape_(shape), par_(par), cap_(cap), options_(options) {
+  validate(shape_, par_);
+  COMET_REQUIRE(team_.world() == par_.world(), "FusedMoe: the team has ", team_.world(), " ranks but ep x tp = ",
+                par_.ep, " x ", par_.tp, " = ", par_.world());
+  COMET_REQUIRE(par_.ep <= 32, "FusedMoe: ep > 32 is not supported (got ", par_.ep, ")");
+  COMET_REQUIRE(cap_.max_tokens_per_rank > 0, "FusedMoe: MoeCapacity::max_tokens_per_rank must be positive");
+  COMET_REQUIRE(cap_.max_rows_per_rank >= 0, "FusedMoe: MoeCapacity::max_rows_per_rank must be >= 0");
+  cap_.max_rows_per_rank = cap_.max_rows_per_rank == 0 ? default_rows(shape_, par_, cap_.max_tokens_per_rank)
+                                                       : round_up(cap_.max_rows_per_rank, kTileM);
+  validate_variant(options_.layer0, "layer 0");
+  validate_variant(options_.layer1, "layer 1");
+  options_.checking = options_.checking || checking_from_env();
+
+  const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
+  const size_t row_bytes = size_t(H) * 2;
+  x_sym_ = team_.alloc_symmetric(size_t(T) * row_bytes);
+  routing_sym_ = team_.alloc_symmetric(RoutingBufferLayout{T, shape_.topk}.bytes());
+  recv_sym_ = team_.alloc_symmetric(size_t(W) * T * row_bytes);
+
+  const int rows = cap_.max_rows_per_rank;
+  const int max_tiles = rows / kTileM;
+  const int max_n_blocks = (H + 127) / 128;
+  for (int r : team_.local_ranks()) {
+    auto s = std::make_unique<RankState>();
+    s->rank = r;
+    s->stream = team_.stream(r);
+    COMET_CUDA_CHECK(cudaSetDevice(team_.device()));
+    s->plan = DevicePlan(PlanConfig{shape_, par_, r, kTileM, PlanCapacity{T, rows}});
+    s->a = s->alloc(size_t(rows) * row_bytes);
+    s->hid = s->alloc(size_t(rows) * par_.ffn_shard(shape_) * 2);
+    s->y = s->alloc(size_t(rows) * row_bytes);
+    s->self_partial = s->alloc(size_t(T) * row_bytes);
+    s->tile_ready = static_cast<int32_t*>(s->alloc(size_t(max_tiles) * 4));
+    s->tile_arrived = static_cast<int32_t*>(s->alloc(size_t(max_tiles) * 4));
+    s->tile_done = static_cast<int32_t*>(s->alloc(size_t(max_tiles) * max_n_blocks * 4));
+    s->epoch = static_cast<int32_t*>(s->alloc(4));
+    ranks_.push_back(std::move(s));
+  }
+}
+
+FusedMoe::~FusedMoe() = default;
+
+FusedMoe::RankState& FusedMoe::state(int rank) const {
+  for (const auto& s : ranks_)
+    if (s->rank == rank) return *s;
+  throw InvalidArgument(detail::concat("FusedMoe: rank ", rank, " is not driven by this process"));
+}
+
+void FusedMoe::set_weights(int rank, const void* w0, const void* w1) {
+  COMET_REQUIRE(w0 && w1, "FusedMoe::set_weights: null weight pointer for rank ", rank);
+  RankState& s = state(rank);
+  s.w0 = w0;
+  s.w1 = w1;
+}
+
+void FusedMoe::stage(int rank, const RankBatch& b) {
+  RankState& s = state(rank);
+  COMET_REQUIRE(b.tokens >= 0 && b.tokens <= cap_.max_tokens_per_rank, "FusedMoe: rank ", rank, " passes ", b.tokens,
+                " tokens; capacity is ", cap_.max_tokens_per_rank, " per rank");
+  COMET_REQUIRE(b.tokens == 0 || (b.x && b.ids && b.gates && b.out), "FusedMoe: rank ", rank,
+                " passes a null x/ids/gates/out pointer");
+  COMET_REQUIRE(s.w0 && s.w1, "FusedMoe: no weights set for rank ", rank);
+  s.x = b.x;
+  s.tokens = b.tokens;
+  const int H = shape_.hidden, k = shape_.topk;
+  const RoutingBufferLayout layout{cap_.max_tokens_per_rank, k};
+  char* routing = static_cast<char*>(team_.local_ptr(routing_sym_, rank));
+  kernels::store_word(reinterpret_cast<int32_t*>(routing), b.tokens, s.stream);
+  if (b.tokens == 0) return;
+  const size_t slots = size_t(b.tokens) * k;
+  COMET_CUDA_CHECK(cudaMemcpyAsync(routing + layout.ids_offset(), b.ids, slots * 4, cudaMemcpyDefault, s.stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(routing + layout.gates_offset(), b.gates, slots * 4, cudaMemcpyDefault, s.stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(team_.local_ptr(x_sym_, rank), b.x, size_t(b.tokens) * H * 2, cudaMemcpyDefault,
+                                   s.stream));
+}
+
+void FusedMoe::prepare(int rank) {
+  RankState& s = state(rank);
+  s.plan.build(team_.peer_ptrs(routing_sym_, rank), s.stream);
+  kernels::advance_epoch(s.epoch, s.stream);
+  if (s.tokens > 0) {
+    kernels::scatter_local(s.x, s.a, shape_.hidden, shape_.topk, s.tokens * shape_.topk, s.plan.view(), s.stream);
+  }
+}
+
+void FusedMoe::advance_epoch(int rank) {
+  RankState& s = state(rank);
+  kernels::advance_epoch(s.epoch, s.stream);
+}
+
+int FusedMoe::max_blocks(int layer, int tile_n) const {
+  return (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
+}
+
+void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v) {
+  validate_variant(v, "layer 0");
+  RankState& s = state(rank);
+  const int limit = max_blocks(0, v.tile_n);
+  COMET_REQUIRE(mode != LayerMode::fused || par_.world() == 1 || v.n_comm >= 1,
+                "FusedMoe layer 0: with remote ranks the fused kernel needs n_comm >= 1");
+  COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < limit, "FusedMoe layer 0: n_comm ", v.n_comm,
+                " leaves no compute block (", limit, " resident blocks)");
+  kernels::Layer0Launch l;
+  l.tile_n = v.tile_n;
+  l.w0 = s.w0;
+  l.n0 = is_gated(shape_.act) ? 2 * par_.ffn_shard(shape_) : par_.ffn_shard(shape_);
+  l.experts = par_.local_experts(shape_);
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.hid = s.hid;
+  l.hid_ld = par_.ffn_shard(shape_);
+  l.act = activation_op(shape_.act);
+  l.dispatch = kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, rank)),
+                                     static_cast<__nv_bfloat16*>(s.a),
+                                     shape_.hidden,
+                                     shape_.topk,
+                                     kTileM,
+                                     s.plan.view(),
+                                     s.tile_arrived,
+                                     s.tile_ready};
+  l.epoch = s.epoch;
+  l.n_comm = v.n_comm;
+  l.m_group = v.m_group;
+  l.mode = mode;
+  l.team = team_.device_view(rank);
+  if (mode == LayerMode::fused && v.n_comm == 0) l.mode = LayerMode::gemm_only;  // W == 1: nothing to pull
+  kernels::launch_layer0(l, s.stream);
+}
+
+void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& v) {
+  validate_variant(v, "layer 1");
+  RankState& s = state(rank);
+  const int limit = max_blocks(1, v.tile_n);
+  COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < limit, "FusedMoe layer 1: n_comm ", v.n_comm,
+                " leaves no compute block (", limit, " resident blocks)");
+  const int H = shape_.hidden;
+  kernels::Layer1Launch l;
+  l.tile_n = v.tile_n;
+  l.hid = s.hid;
+  l.ffn_shard = par_.ffn_shard(shape_);
+  l.w1 = s.w1;
+  l.experts = par_.local_experts(shape_);
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.y = s.y;
+  l.tile_done = s.tile_done;
+  l.combine = kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
+                                   reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, rank)),
+                                   static_cast<__nv_bfloat16*>(s.self_partial),
+                                   H,
+                                   shape_.topk,
+                                   kTileM,
+                                   v.tile_n,
+                                   (H + v.tile_n - 1) / v.tile_n,
+                                   cap_.max_tokens_per_rank,
+                                   rank,
+                                   s.plan.view(),
+                                   s.tile_done};
+  l.epoch = s.epoch;
+  l.n_comm = v.n_comm;
+  l.m_group = v.m_group;
+  l.n_group = v.n_group;
+  l.mode = mode;
+  l.team = team_.device_view(rank);
+  if (mode == LayerMode::fused && v.n_comm == 0) {
+    // No comm blocks inside the GEMM: the combine runs as a second launch over the whole GPU.
+    l.mode = LayerMode::gemm_only;
+    kernels::launch_layer1(l, s.stream);
+    l.mode = LayerMode::comm_only;
+    l.n_comm = limit;
+  }
+  kernels::launch_layer1(l, s.stream);
+}
+
+void FusedMoe::finish(int rank, const RankBatch& b) {
+  RankState& s = state(rank);
+  kernels::FinalReduceArgs f{};
+  f.recv = static_cast<const __nv_bfloat16*>(team_.local_ptr(recv_sym_, rank));
+  f.self_partial = static_cast<const __nv_bfloat16*>(s.self_partial);
+  f.ids = b.ids;
+  f.out = static_cast<__nv_bfloat16*>(b.out);
+  f.tokens = b.tokens;
+  f.hidden = shape_.hidden;
+  f.topk = shape_.topk;
+  f.max_tokens = cap_.max_tokens_per_rank;
+  f.world = par_.world();
+  f.tp = par_.tp;
+  f.rank = rank;
+  f.local_experts = par_.local_experts(shape_);
+  f.num_experts = shape_.num_experts;
+  kernels::final_reduce(f, s.stream);
+}
+
+void FusedMoe::forward(const std::vector<RankBatch>& batches) {
+  const std::vector<int> local = team_.local_ranks();
+  COMET_REQUIRE(batches.size() == local.size(), "FusedMoe::forward: ", batches.size(), " batches for ", local.size(),
+                " local ranks");
+  for (size_t i = 0; i < local.size(); ++i) stage(local[i], batches[i]);
+  team_.barrier();  // every rank's tokens and routing are in its exported buffers
+  for (int r : local) {
+    prepare(r);
+    layer0(r, LayerMode::fused, options_.layer0);
+    layer1(r, LayerMode::fused, options_.layer1);
+  }
+  team_.barrier();  // every rank has written its partial rows into the owners' receive slots
+  for (size_t i = 0; i < local.size(); ++i) finish(local[i], batches[i]);
+  if (options_.checking) sync_and_check();
+}
+
+void FusedMoe::sync_and_check() {
+  team_.synchronize();
+  for (const auto& s : ranks_) s->plan.check(s->stream);
+}
+
+const DevicePlan& FusedMoe::plan(int rank) const { return state(rank).plan; }
+const void* FusedMoe::gathered(int rank) const { return state(rank).a; }
+const void* FusedMoe::hidden(int rank) const { return state(rank).hid; }
+const void* FusedMoe::expert_out(int rank) const { return state(rank).y; }
+
+}  // namespace comet

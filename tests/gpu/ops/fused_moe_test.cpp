@@ -1,0 +1,238 @@
+// The fused MoE layer on W virtual ranks (LocalTeam) against the CPU reference: layer 0's hidden rows,
+// layer 1's expert outputs and the whole forward, for EP, TP and EP x TP, link=device and link=host,
+// the ugly routings, and determinism across n_comm and repeats.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+
+#include "comet/bf16.hpp"
+#include "comet/fused_moe.hpp"
+#include "comet/reference.hpp"
+#include "support/moe_problem.hpp"
+
+using namespace comet;
+using namespace comet::testing;
+
+namespace {
+
+struct Case {
+  const char* name;
+  MoeShape shape;
+  Parallel par;
+  std::vector<int> tokens;
+  RoutingKind kind = RoutingKind::uniform;
+  Link link = Link::device;
+  LayerVariant l0{256, 2, 16, 1};
+  LayerVariant l1{256, 4, 16, 1};
+  int hot = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+// Everything a case sets up: the team, the layer, the problem and each rank's device data.
+struct Harness {
+  MoeProblem problem;
+  LocalTeam team;
+  FusedMoe moe;
+  std::vector<std::unique_ptr<DeviceRank>> ranks;
+
+  explicit Harness(const Case& c, uint64_t seed = 1)
+      : problem(MoeProblem::make(c.shape, c.par, c.tokens, c.kind, seed, c.hot)),
+        team(c.par.world(), c.link),
+        moe(team, c.shape, c.par, MoeCapacity{problem.max_tokens(), 0}, MoeOptions{c.l0, c.l1, true}) {
+    for (int r = 0; r < c.par.world(); ++r) {
+      ranks.push_back(upload_rank(problem, r));
+      moe.set_weights(r, ranks[r]->w0.get(), ranks[r]->w1.get());
+    }
+  }
+  std::vector<RankBatch> batches() const {
+    std::vector<RankBatch> b;
+    for (const auto& r : ranks) b.push_back(r->batch());
+    return b;
+  }
+  // The steps of forward() with explicit variants, for both layers.
+  void run(const LayerVariant& l0, const LayerVariant& l1) {
+    const int W = problem.par.world();
+    for (int r = 0; r < W; ++r) moe.stage(r, ranks[r]->batch());
+    team.barrier();
+    for (int r = 0; r < W; ++r) {
+      moe.prepare(r);
+      moe.layer0(r, LayerMode::fused, l0);
+      moe.layer1(r, LayerMode::fused, l1);
+    }
+    team.barrier();
+    for (int r = 0; r < W; ++r) moe.finish(r, ranks[r]->batch());
+    moe.sync_and_check();
+  }
+  std::vector<std::vector<float>> outputs() const {
+    std::vector<std::vector<float>> o;
+    for (const auto& r : ranks) o.push_back(r->output());
+    return o;
+  }
+};
+
+std::vector<bf16_bits> download_bf16(const void* p, size_t n) {
+  std::vector<bf16_bits> h(n);
+  COMET_CUDA_CHECK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Layer 0: every row of every rank's hidden buffer equals act(w0_e x) on the rank's F shard.
+// Layer 1: every row of Y equals w1_e[:, shard] * (the GPU's own hidden row), isolating layer 1.
+void check_layers(Harness& h) {
+  const MoeShape& s = h.problem.shape;
+  const Parallel& p = h.problem.par;
+  const int H = s.hidden, Fs = p.ffn_shard(s), k = s.topk;
+  for (int r = 0; r < p.world(); ++r) {
+    const HostPlan plan = h.moe.plan(r).to_host(h.team.stream(r));
+    const PlanView& v = plan.view();
+    const int rows = v.expert_offset[p.local_experts(s)];
+    const auto hid = from_bf16(download_bf16(h.moe.hidden(r), size_t(rows) * Fs));
+    const auto y = from_bf16(download_bf16(h.moe.expert_out(r), size_t(rows) * H));
+    std::vector<float> hid_ref, hid_got, y_ref, y_got;
+    const int f0 = p.tp_index(r) * Fs;
+    for (int row = 0; row < rows; ++row) {
+      const int u = v.row_unit[row];
+      if (u < 0) continue;
+      const auto& in = h.problem.inputs[v.unit_src[u]];
+      const int e = in.ids[size_t(v.unit_token[u]) * k + v.row_slot[row]];
+      const auto ref = reference::expert_hidden(s, h.problem.weights, e, &in.x[size_t(v.unit_token[u]) * H], f0, f0 + Fs);
+      hid_ref.insert(hid_ref.end(), ref.begin(), ref.end());
+      hid_got.insert(hid_got.end(), hid.begin() + size_t(row) * Fs, hid.begin() + size_t(row + 1) * Fs);
+      const auto yr = reference::expert_output(s, h.problem.weights, e, &hid[size_t(row) * Fs], f0, f0 + Fs);
+      y_ref.insert(y_ref.end(), yr.begin(), yr.end());
+      y_got.insert(y_got.end(), y.begin() + size_t(row) * H, y.begin() + size_t(row + 1) * H);
+    }
+    EXPECT_LT(relative_error(hid_got, hid_ref), 1e-2) << "layer 0, rank " << r;
+    EXPECT_LT(worst_row_error(hid_got, hid_ref, Fs), 3e-2) << "layer 0, rank " << r;
+    EXPECT_LT(relative_error(y_got, y_ref), 1e-2) << "layer 1 GEMM, rank " << r;
+    EXPECT_LT(worst_row_error(y_got, y_ref, H), 3e-2) << "layer 1 GEMM, rank " << r;
+  }
+}
+
+void check_outputs(const Harness& h, const std::vector<std::vector<float>>& got) {
+  const auto ref = reference::forward(h.problem.shape, h.problem.par, h.problem.weights, h.problem.inputs);
+  for (size_t r = 0; r < ref.size(); ++r) {
+    EXPECT_LT(relative_error(got[r], ref[r]), 1.5e-2) << "forward, rank " << r;
+    if (!ref[r].empty()) EXPECT_LT(worst_row_error(got[r], ref[r], h.problem.shape.hidden), 5e-2) << "rank " << r;
+  }
+}
+
+class FusedMoeCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FusedMoeCase, MatchesReference) {
+  Harness h(GetParam());
+  h.moe.forward(h.batches());
+  h.moe.sync_and_check();
+  check_outputs(h, h.outputs());
+  check_layers(h);
+}
+
+const MoeShape kSmallSwiglu{256, 512, 8, 2, Activation::swiglu};
+const MoeShape kTop8{512, 256, 16, 8, Activation::swiglu};
+const MoeShape kGelu{384, 384, 8, 2, Activation::gelu};
+const MoeShape kSilu{256, 640, 4, 1, Activation::silu};
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, FusedMoeCase,
+    ::testing::Values(
+        Case{"W1_single_rank", kSmallSwiglu, {1, 1}, {300}, RoutingKind::uniform, Link::device, {256, 0, 16, 1},
+             {256, 0, 16, 1}},
+        Case{"EP2_device", kSmallSwiglu, {2, 1}, {37, 200}},
+        Case{"EP2_host", kSmallSwiglu, {2, 1}, {130, 64}, RoutingKind::uniform, Link::host},
+        Case{"EP4_zero_token_rank", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
+        Case{"EP8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform, Link::host},
+        Case{"EP4_all_to_one_expert_top1", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert, Link::device},
+        Case{"EP4_zipf", kSmallSwiglu, {4, 1}, {300, 250, 20, 77}, RoutingKind::zipf},
+        Case{"EP4_local_only", kSmallSwiglu, {4, 1}, {64, 65, 66, 67}, RoutingKind::local_only},
+        Case{"TP4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}},
+        Case{"TP2_host", kSmallSwiglu, {1, 2}, {160, 31}, RoutingKind::uniform, Link::host},
+        Case{"EP2xTP2", kTop8, {2, 2}, {80, 0, 150, 41}},
+        Case{"EP4xTP2_host", kSmallSwiglu, {4, 2}, {20, 40, 60, 80, 100, 0, 7, 130}, RoutingKind::zipf, Link::host},
+        Case{"EP4_tile128", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
+             {128, 3, 4, 1}, {128, 3, 4, 2}},
+        Case{"EP8_one_expert_hot5", kTop8, {8, 1}, {64, 64, 64, 64, 64, 64, 64, 64}, RoutingKind::one_expert,
+             Link::device, {256, 2, 16, 1}, {256, 4, 16, 1}, 5}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// Same result, bitwise, whatever the number of comm blocks, and over repeated runs.
+TEST(FusedMoe, BitwiseAcrossCommBlocksAndRepeats) {
+  Case c{"det", kTop8, {4, 1}, {200, 150, 0, 99}, RoutingKind::uniform, Link::host};
+  Harness h(c);
+  h.run(c.l0, c.l1);
+  const auto first = h.outputs();
+  const auto first_hidden = download_bf16(h.moe.hidden(0), size_t(h.moe.capacity().max_rows_per_rank) * 256);
+  check_outputs(h, first);
+  for (int n_comm : {1, 4, 16, 32}) {
+    h.run(LayerVariant{256, n_comm, 16, 1}, LayerVariant{256, n_comm, 16, 1});
+    const auto got = h.outputs();
+    for (size_t r = 0; r < got.size(); ++r)
+      EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "n_comm " << n_comm << " rank " << r;
+    const auto hid = download_bf16(h.moe.hidden(0), first_hidden.size());
+    EXPECT_EQ(first_hidden, hid) << "layer 0 hidden rows differ with n_comm " << n_comm;
+  }
+  for (int rep = 0; rep < 10; ++rep) {
+    h.run(c.l0, c.l1);
+    const auto got = h.outputs();
+    for (size_t r = 0; r < got.size(); ++r)
+      EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "repeat " << rep;
+  }
+}
+
+// Layer 0 alone in its three modes gives the same hidden rows (comm_only then gemm_only == fused).
+TEST(FusedMoe, Layer0ModesAgree) {
+  Case c{"modes", kSmallSwiglu, {4, 1}, {120, 90, 60, 30}, RoutingKind::uniform, Link::host};
+  Harness h(c);
+  h.run(c.l0, c.l1);
+  const int Fs = c.par.ffn_shard(c.shape), H = c.shape.hidden;
+  const size_t n = size_t(h.moe.capacity().max_rows_per_rank) * Fs;
+  const auto fused = download_bf16(h.moe.hidden(1), n);
+  COMET_CUDA_CHECK(cudaMemset(const_cast<void*>(h.moe.hidden(1)), 0xFF, n * 2));
+  COMET_CUDA_CHECK(cudaMemset(const_cast<void*>(h.moe.gathered(1)), 0xFF, size_t(h.moe.capacity().max_rows_per_rank) * H * 2));
+  h.moe.prepare(1);
+  h.moe.layer0(1, LayerMode::comm_only, c.l0);
+  h.moe.layer0(1, LayerMode::gemm_only, c.l0);
+  h.moe.sync_and_check();
+  const HostPlan plan = h.moe.plan(1).to_host(h.team.stream(1));
+  const auto split = download_bf16(h.moe.hidden(1), n);
+  for (int row = 0; row < plan.view().expert_offset[plan.config().local_experts()]; ++row) {
+    if (plan.view().row_unit[row] < 0) continue;
+    ASSERT_EQ(0, std::memcmp(&fused[size_t(row) * Fs], &split[size_t(row) * Fs], size_t(Fs) * 2)) << "row " << row;
+  }
+}
+
+TEST(FusedMoe, RejectsBadInputBeforeLaunch) {
+  Case c{"bad", kSmallSwiglu, {2, 1}, {10, 10}};
+  Harness h(c);
+  RankBatch b = h.ranks[0]->batch();
+  b.tokens = h.moe.capacity().max_tokens_per_rank + 1;
+  EXPECT_THROW(h.moe.stage(0, b), InvalidArgument);
+  b = h.ranks[0]->batch();
+  b.x = nullptr;
+  EXPECT_THROW(h.moe.stage(0, b), InvalidArgument);
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{192, 2, 16, 1}), InvalidArgument);
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{256, 0, 16, 1}), InvalidArgument);
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{256, 100000, 16, 1}), InvalidArgument);
+  EXPECT_THROW(h.moe.stage(5, h.ranks[0]->batch()), InvalidArgument);
+  LocalTeam three(3);
+  EXPECT_THROW(FusedMoe(three, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}), InvalidArgument);
+}
+
+// Routing that lives on the GPU is checked there: an id out of range is reported, not followed.
+TEST(FusedMoe, ReportsBadDeviceRouting) {
+  Case c{"badroute", kSmallSwiglu, {2, 1}, {10, 10}};
+  Harness h(c);
+  std::vector<int32_t> ids = h.problem.inputs[1].ids;
+  ids[7] = 99;  // token 3, slot 1
+  h.ranks[1]->ids.upload(ids);
+  try {
+    h.moe.forward(h.batches());
+    h.moe.sync_and_check();
+    FAIL() << "bad routing was not reported";
+  } catch (const DeviceReportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("99"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace

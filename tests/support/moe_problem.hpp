@@ -1,0 +1,45 @@
+// A random MoE layer problem (weights, every rank's tokens and routing) with its device copies, for
+// GPU tests and benchmarks. Values are bf16-representable, so the fp32 reference sees exactly what
+// the GPU sees.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "comet/fused_moe.hpp"
+#include "comet/reference.hpp"
+#include "comet/weight_layout.hpp"
+#include "support/device_buffer.hpp"
+#include "support/routing_gen.hpp"
+
+namespace comet::testing {
+
+struct MoeProblem {
+  MoeShape shape;
+  Parallel par;
+  reference::ExpertWeights<float> weights;
+  std::vector<reference::RankInput<float>> inputs;  // per rank
+
+  static MoeProblem make(const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens_per_rank,
+                         RoutingKind kind, uint64_t seed, int hot_expert = 0);
+  int max_tokens() const;
+};
+
+// One rank's device-side data for a call.
+struct DeviceRank {
+  int rank = 0;
+  int tokens = 0;
+  DeviceBuffer x, ids, gates, out, w0, w1;
+  RankBatch batch() const;
+  std::vector<float> output() const;  // out as floats [tokens][H]
+};
+
+std::unique_ptr<DeviceRank> upload_rank(const MoeProblem& p, int rank);
+
+// ||a - b|| / ||b|| (returns +inf if a has a NaN).
+double relative_error(const std::vector<float>& a, const std::vector<float>& b);
+
+// Largest relative error of a single row: catches one misplaced row that a global norm could hide.
+double worst_row_error(const std::vector<float>& a, const std::vector<float>& b, int row_len);
+
+}  // namespace comet::testing

@@ -47,6 +47,13 @@ struct RankBatch {
   void* out = nullptr;            // [tokens][H] bf16
 };
 
+// A sub-range of the plan's units (baselines that pipeline the layer in chunks); {-1, -1}: all.
+struct UnitRange {
+  int begin = -1;
+  int end = -1;
+  bool all() const { return begin < 0 && end < 0; }
+};
+
 class FusedMoe {
  public:
   FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const MoeCapacity& cap,
@@ -65,8 +72,9 @@ class FusedMoe {
   // ---- the steps of forward(), per local rank (tests and benchmarks) --------------------------------
   void stage(int rank, const RankBatch& batch);  // x and routing into the rank's exported buffers
   void prepare(int rank);                        // device plan, new epoch, local rows into A
-  void layer0(int rank, LayerMode mode, const LayerVariant& v);
-  void layer1(int rank, LayerMode mode, const LayerVariant& v);
+  // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).
+  void layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange units = {});
+  void layer1(int rank, LayerMode mode, const LayerVariant& v, UnitRange units = {});
   void finish(int rank, const RankBatch& batch);  // sum of partials -> batch.out (after a barrier)
   void advance_epoch(int rank);                  // a new generation for flags (benchmarks re-running a layer)
 
@@ -81,9 +89,10 @@ class FusedMoe {
   MoeOptions& options() { return options_; }
   Team& team() const { return team_; }
   const DevicePlan& plan(int rank) const;
-  const void* gathered(int rank) const;    // A [rows_cap][H]
-  const void* hidden(int rank) const;      // layer 0 output [rows_cap][F/tp]
-  const void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
+  // Per-rank device buffers (rows laid out by the plan); baselines write them with their own GEMMs.
+  void* gathered(int rank) const;    // A [rows_cap][H]
+  void* hidden(int rank) const;      // layer 0 output [rows_cap][F/tp]
+  void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
   // Resident grid capacity of a fused kernel (comm + compute blocks cannot exceed it).
   int max_blocks(int layer, int tile_n) const;
 

@@ -46,7 +46,9 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   const int warps_per_block = blockDim.x / 32;
   const int n_warps = n_comm * warps_per_block;
   const int warp_id = comm_index * warps_per_block + threadIdx.x / 32;
-  const int units = *c.plan.num_units;
+  const int unit0 = c.unit_begin >= 0 ? c.unit_begin : 0;
+  const int units = (c.unit_end >= 0 ? min(c.unit_end, *c.plan.num_units) : *c.plan.num_units) - unit0;
+  if (units <= 0) return;
   const long long items = (long long)units * n_chunks;
   const int k = c.topk;
 
@@ -56,7 +58,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     if (wait_done) {
       for (int idx = lane; idx < batch * k * sub_blocks; idx += 32) {
         const long long item = first + idx / (k * sub_blocks);
-        const int chunk = int(item / units), u = int(item % units);
+        const int chunk = int(item / units), u = unit0 + int(item % units);
         const int row = c.plan.unit_rows[size_t(u) * k + (idx / sub_blocks) % k];
         const int n = chunk * sub_blocks + idx % sub_blocks;
         if (row < 0 || n >= c.n_blocks) continue;
@@ -79,7 +81,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
         if (b >= batch || col[b] >= c.hidden) continue;
-        const int u = int((first + b) % units);
+        const int u = unit0 + int((first + b) % units);
         const int row = c.plan.unit_rows[size_t(u) * k + j];
         if (row < 0) continue;
         const float gate = c.plan.unit_gates[size_t(u) * k + j];
@@ -91,7 +93,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       if (b >= batch || col[b] >= c.hidden) continue;
-      const int u = int((first + b) % units);
+      const int u = unit0 + int((first + b) % units);
       const int owner = c.plan.unit_src[u];
       const int token = c.plan.unit_token[u];
       __nv_bfloat16* dst = owner == c.rank

@@ -46,8 +46,10 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   const int stages = min(kMaxStages, int((smem_bytes - 256) / row_bytes));
   const int lookahead = stages - kStoreLag;  // >= 1: the launcher checks stages > kStoreLag
 
-  const int first = *d.plan.num_local_units + comm_index;
-  const int count = max(0, (*d.plan.num_units - first + n_comm - 1) / n_comm);
+  const int begin = d.unit_begin >= 0 ? d.unit_begin : *d.plan.num_local_units;
+  const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
+  const int first = begin + comm_index;
+  const int count = max(0, (end - first + n_comm - 1) / n_comm);
   auto unit_at = [&](int i) { return first + i * n_comm; };
 
   for (int s = 0; s < stages; ++s) dev::mbarrier_init(&full[s], 1);

@@ -23,6 +23,8 @@ struct DispatchArgs {
   PlanView plan;
   int32_t* tile_arrived;  // [max_tiles] remote rows landed so far in this call (self-resetting)
   int32_t* tile_ready;    // [max_tiles] epoch of the last call whose rows are all in
+  int unit_begin;         // units to pull: [unit_begin, unit_end); -1: the plan's remote units
+  int unit_end;
 };
 
 // Layer 1's comm role (combine_role.cuh).
@@ -39,6 +41,8 @@ struct CombineArgs {
   int rank;
   PlanView plan;
   const int32_t* tile_done;  // [max_tiles * n_blocks] epoch of the last call that finished (m, n)
+  int unit_begin;            // units to ship: [unit_begin, unit_end); -1: all of the plan's units
+  int unit_end;
 };
 
 }  // namespace comet::kernels

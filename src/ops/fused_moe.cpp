@@ -173,8 +173,9 @@ int FusedMoe::max_blocks(int layer, int tile_n) const {
   return (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
 }
 
-void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v) {
+void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange units) {
   validate_variant(v, "layer 0");
+  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 0: a unit range needs comm_only mode");
   RankState& s = state(rank);
   const int limit = max_blocks(0, v.tile_n);
   COMET_REQUIRE(mode != LayerMode::fused || par_.world() == 1 || v.n_comm >= 1,
@@ -197,7 +198,9 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v) {
                                      kTileM,
                                      s.plan.view(),
                                      s.tile_arrived,
-                                     s.tile_ready};
+                                     s.tile_ready,
+                                     units.begin,
+                                     units.end};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
   l.m_group = v.m_group;
@@ -207,8 +210,9 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v) {
   kernels::launch_layer0(l, s.stream);
 }
 
-void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& v) {
+void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& v, UnitRange units) {
   validate_variant(v, "layer 1");
+  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 1: a unit range needs comm_only mode");
   RankState& s = state(rank);
   const int limit = max_blocks(1, v.tile_n);
   COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < limit, "FusedMoe layer 1: n_comm ", v.n_comm,
@@ -234,7 +238,9 @@ void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& v) {
                                    cap_.max_tokens_per_rank,
                                    rank,
                                    s.plan.view(),
-                                   s.tile_done};
+                                   s.tile_done,
+                                   units.begin,
+                                   units.end};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
   l.m_group = v.m_group;
@@ -292,8 +298,8 @@ void FusedMoe::sync_and_check() {
 }
 
 const DevicePlan& FusedMoe::plan(int rank) const { return state(rank).plan; }
-const void* FusedMoe::gathered(int rank) const { return state(rank).a; }
-const void* FusedMoe::hidden(int rank) const { return state(rank).hid; }
-const void* FusedMoe::expert_out(int rank) const { return state(rank).y; }
+void* FusedMoe::gathered(int rank) const { return state(rank).a; }
+void* FusedMoe::hidden(int rank) const { return state(rank).hid; }
+void* FusedMoe::expert_out(int rank) const { return state(rank).y; }
 
 }  // namespace comet

@@ -188,8 +188,8 @@ TEST(FusedMoe, Layer0ModesAgree) {
   const int Fs = c.par.ffn_shard(c.shape), H = c.shape.hidden;
   const size_t n = size_t(h.moe.capacity().max_rows_per_rank) * Fs;
   const auto fused = download_bf16(h.moe.hidden(1), n);
-  COMET_CUDA_CHECK(cudaMemset(const_cast<void*>(h.moe.hidden(1)), 0xFF, n * 2));
-  COMET_CUDA_CHECK(cudaMemset(const_cast<void*>(h.moe.gathered(1)), 0xFF, size_t(h.moe.capacity().max_rows_per_rank) * H * 2));
+  COMET_CUDA_CHECK(cudaMemset(h.moe.hidden(1), 0xFF, n * 2));
+  COMET_CUDA_CHECK(cudaMemset(h.moe.gathered(1), 0xFF, size_t(h.moe.capacity().max_rows_per_rank) * H * 2));
   h.moe.prepare(1);
   h.moe.layer0(1, LayerMode::comm_only, c.l0);
   h.moe.layer0(1, LayerMode::gemm_only, c.l0);

@@ -41,6 +41,7 @@ struct Harness {
       : problem(MoeProblem::make(c.shape, c.par, c.tokens, c.kind, seed, c.hot)),
         team(c.par.world(), c.link),
         moe(team, c.shape, c.par, MoeCapacity{problem.max_tokens(), 0}, MoeOptions{c.l0, c.l1, true}) {
+    team.set_timeout(3.0);  // a stalled flag fails the test in seconds, not minutes
     for (int r = 0; r < c.par.world(); ++r) {
       ranks.push_back(upload_rank(problem, r));
       moe.set_weights(r, ranks[r]->w0.get(), ranks[r]->w1.get());

@@ -33,9 +33,11 @@ struct MoeCapacity {
 };
 
 struct MoeOptions {
-  LayerVariant layer0{256, 2, 16, 1};
+  LayerVariant layer0{256, 2, 4, 1};
   LayerVariant layer1{256, 4, 16, 1};
   bool checking = false;  // synchronise and raise device-reported errors after every call
+  // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
+  int dispatch_store_lag = 4;
 };
 
 // One rank's inputs and output for a call (device pointers, bf16 activations).

@@ -5,8 +5,10 @@
 //
 // Work items are (column chunk n of 256 columns, unit u), n-major, so early columns ship first while
 // the compute blocks make the next ones. A chunk covers 256 / TileN GEMM column blocks, whose done
-// flags are all checked. Each comm warp takes items warp_id, warp_id + n_warps, ... and handles kBatch
-// of them at once to keep several loads in flight; lane l covers 8 columns (16 bytes).
+// flags are all checked. Each comm warp takes kBatch consecutive items at a time: lanes first load the
+// batch's metadata in parallel (rows, gates, owners: no chains of dependent loads), then every lane
+// loads its 8 columns (16 bytes) of all the batch's rows for one slot at a time, so kBatch loads are
+// in flight per lane.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,7 +17,6 @@
 #include "team/device_wait.cuh"
 
 namespace comet::kernels {
-
 
 __device__ __forceinline__ void accumulate_bf16x8(float (&acc)[8], const uint4& v, float w) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
@@ -38,7 +39,7 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&acc)[8]) {
 // Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
 __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, int32_t epoch,
                                         bool wait_done, const TeamDeviceView& team) {
-  constexpr int kBatch = 4;
+  constexpr int kBatch = 8;    // items per warp iteration (all in one column chunk or two)
   constexpr int kChunk = 256;  // columns per item: 32 lanes x 8
   const int sub_blocks = kChunk / c.tile_n;
   const int n_chunks = (c.hidden + kChunk - 1) / kChunk;
@@ -54,7 +55,16 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
 
   for (long long first = (long long)warp_id * kBatch; first < items; first += (long long)n_warps * kBatch) {
     const int batch = int(items - first < kBatch ? items - first : kBatch);
-    // 1. Wait until every row slice of the batch is done (lanes poll different flags in parallel).
+    // 1. Metadata of the batch: lane b holds item b's unit, owner, token and column chunk.
+    int my_unit = 0, my_owner = 0, my_token = 0, my_chunk = 0;
+    if (lane < batch) {
+      const long long item = first + lane;
+      my_chunk = int(item / units);
+      my_unit = unit0 + int(item % units);
+      my_owner = c.plan.unit_src[my_unit];
+      my_token = c.plan.unit_token[my_unit];
+    }
+    // 2. Wait until every row slice of the batch is done (lanes poll different flags in parallel).
     if (wait_done) {
       for (int idx = lane; idx < batch * k * sub_blocks; idx += 32) {
         const long long item = first + idx / (k * sub_blocks);
@@ -67,35 +77,44 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
       }
       __syncwarp();  // lanes' acquires now cover the whole warp's reads below
     }
-    // 2. Weighted sum over the unit's slots, fp32, fixed slot order.
+    // 3. Weighted sum over each unit's slots, fp32, fixed slot order; kBatch loads in flight.
     float acc[kBatch][8];
     int col[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[b][i] = 0.f;
-      const long long item = first + b;
-      col[b] = b < batch ? int(item / units) * kChunk + lane * 8 : c.hidden;
+      col[b] = __shfl_sync(0xffffffffu, my_chunk, b) * kChunk + lane * 8;
+      if (b >= batch) col[b] = c.hidden;  // inactive
     }
     for (int j = 0; j < k; ++j) {
+      // Lane b fetches slot j's row and gate of item b; everybody gets them by shuffle.
+      int my_row = -1;
+      float my_gate = 0.f;
+      if (lane < batch) {
+        my_row = c.plan.unit_rows[size_t(my_unit) * k + j];
+        my_gate = c.plan.unit_gates[size_t(my_unit) * k + j];
+      }
+      uint4 v[kBatch];
+      int row[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        if (b >= batch || col[b] >= c.hidden) continue;
-        const int u = unit0 + int((first + b) % units);
-        const int row = c.plan.unit_rows[size_t(u) * k + j];
-        if (row < 0) continue;
-        const float gate = c.plan.unit_gates[size_t(u) * k + j];
-        const uint4 v = *reinterpret_cast<const uint4*>(c.y + size_t(row) * c.hidden + col[b]);
-        accumulate_bf16x8(acc[b], v, gate);
+        row[b] = __shfl_sync(0xffffffffu, my_row, b);
+        if (row[b] >= 0 && col[b] < c.hidden)
+          v[b] = *reinterpret_cast<const uint4*>(c.y + size_t(row[b]) * c.hidden + col[b]);
+      }
+#pragma unroll
+      for (int b = 0; b < kBatch; ++b) {
+        const float gate = __shfl_sync(0xffffffffu, my_gate, b);
+        if (row[b] >= 0 && col[b] < c.hidden) accumulate_bf16x8(acc[b], v[b], gate);
       }
     }
-    // 3. Ship: the owner's slot for this rank (or this rank's own partial buffer).
+    // 4. Ship: the owner's slot for this rank (or this rank's own partial buffer).
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
-      if (b >= batch || col[b] >= c.hidden) continue;
-      const int u = unit0 + int((first + b) % units);
-      const int owner = c.plan.unit_src[u];
-      const int token = c.plan.unit_token[u];
+      const int owner = __shfl_sync(0xffffffffu, my_owner, b);
+      const int token = __shfl_sync(0xffffffffu, my_token, b);
+      if (col[b] >= c.hidden) continue;
       __nv_bfloat16* dst = owner == c.rank
                                ? c.self_partial + size_t(token) * c.hidden
                                : c.peer_recv[owner] + (size_t(c.rank) * c.max_tokens + token) * c.hidden;

@@ -1,59 +1,65 @@
 // Layer 0's comm role: pull remote token rows into the gathered buffer A, in the plan's pull order,
 // and publish each M-tile's readiness.
 //
-// Comm block b of n_comm takes remote units first + b, first + b + n_comm, ... so that all comm blocks
-// advance through the pull order together (tiles become ready in tile_order). One thread per block
-// issues everything with Hopper bulk copies: the row crosses the link ONCE (peer -> shared memory),
-// then one shared -> global copy per destination row (a token routed to several of this rank's
-// experts has several rows). `stages` rows are in flight; after a unit's stores complete, the unit's
-// rows are counted into their tiles (tile_arrived), and the unit that completes a tile's remote rows
-// resets the counter and releases tile_ready[m] = epoch (generation counter, never cleared).
+// Comm block b of n_comm takes units begin + b, begin + b + n_comm, ... so that all comm blocks
+// advance through the pull order together (tiles become ready in tile_order). Two roles per block:
+//   issuer (warp 0, one thread)  moves rows with Hopper bulk copies: the row crosses the link ONCE
+//       (peer -> shared memory, `lookahead` rows in flight), then one shared -> global copy per
+//       destination row (a token routed to several of this rank's experts has several rows).
+//       When a unit's stores have completed it goes into a shared-memory ring.
+//   publisher (warp 1, 32 lanes) counts completed units' rows into their tiles (tile_arrived, relaxed
+//       atomics, lanes in parallel); the row that completes a tile resets its counter and releases
+//       tile_ready[m] = epoch (generation counter, never cleared).
+// Keeping the atomics and fences off the issuing thread keeps the link busy (it is latency-bound).
 #pragma once
 
 #include <cuda_bf16.h>
 
-#include "kernels/layer_args.hpp"
 #include "kernels/bulk_copy.cuh"
+#include "kernels/layer_args.hpp"
 #include "team/device_wait.cuh"
 
 namespace comet::kernels {
 
+namespace dispatch {
 
-// Rows a unit's destination tiles are waiting for: count them, release completed tiles.
-__device__ inline void publish_unit_rows(const DispatchArgs& d, int unit, int32_t epoch) {
-  dev::fence_proxy_async_global();  // the rows were written by the bulk-copy (async) proxy
-  for (int j = 0; j < d.topk; ++j) {
-    const int row = d.plan.unit_rows[size_t(unit) * d.topk + j];
-    if (row < 0) continue;
-    const int m = row / d.tile_m;
-    const int landed = dev::atomic_add_release_gpu(&d.tile_arrived[m], 1) + 1;
-    if (landed == d.plan.tile_remote_rows[m]) {
-      d.tile_arrived[m] = 0;  // nobody else touches it before the next call
-      dev::st_release_gpu(&d.tile_ready[m], epoch);
-    }
+constexpr int kMaxStages = 32;
+constexpr int kRing = 512;          // completed units waiting for the publisher
+constexpr int kPublishBatch = 4;    // the issuer hands over units in batches (one proxy fence each)
+constexpr int kRowsOffset = 4096;   // shared memory: [0, 256) mbarriers, [256, 4096) ring, then rows
+
+__device__ __forceinline__ volatile int32_t* ring_word(char* smem, int i) {
+  return reinterpret_cast<volatile int32_t*>(smem + 256) + 2 + (i % kRing);
+}
+__device__ __forceinline__ volatile int32_t& pushed(char* smem) { return reinterpret_cast<volatile int32_t*>(smem + 256)[0]; }
+__device__ __forceinline__ volatile int32_t& published(char* smem) {
+  return reinterpret_cast<volatile int32_t*>(smem + 256)[1];
+}
+
+// Bulk-store groups left in flight before a unit counts as complete; a run-time choice among
+// instantiated values because cp.async.bulk.wait_group takes an immediate.
+__device__ __forceinline__ void wait_stores(int lag) {
+  switch (lag) {
+    case 1: dev::bulk_wait_group<1>(); break;
+    case 2: dev::bulk_wait_group<2>(); break;
+    case 4: dev::bulk_wait_group<4>(); break;
+    default: dev::bulk_wait_group<8>(); break;
   }
 }
 
-// Called by every thread of a comm block; thread 0 does the work.
-__device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, int n_comm, int32_t epoch,
-                                         char* smem, int smem_bytes, const TeamDeviceView& team) {
-  if (threadIdx.x != 0) return;
-  constexpr int kMaxStages = 16;
-  constexpr int kStoreLag = 2;  // bulk-store groups left in flight before a unit is published
+}  // namespace dispatch
+
+// The issuing thread. Returns false if a copy stalled (reported in the status word).
+__device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride, int count, int32_t epoch,
+                                   char* smem, int smem_bytes, const TeamDeviceView& team) {
+  using namespace dispatch;
   const uint32_t row_bytes = uint32_t(d.hidden) * sizeof(__nv_bfloat16);
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
-  char* rows = smem + 256;
-  const int stages = min(kMaxStages, int((smem_bytes - 256) / row_bytes));
-  const int lookahead = stages - kStoreLag;  // >= 1: the launcher checks stages > kStoreLag
-
-  const int begin = d.unit_begin >= 0 ? d.unit_begin : *d.plan.num_local_units;
-  const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
-  const int first = begin + comm_index;
-  const int count = max(0, (end - first + n_comm - 1) / n_comm);
-  auto unit_at = [&](int i) { return first + i * n_comm; };
-
-  for (int s = 0; s < stages; ++s) dev::mbarrier_init(&full[s], 1);
-  dev::fence_mbarrier_init();
+  char* rows = smem + kRowsOffset;
+  const int stages = min(kMaxStages, int((smem_bytes - kRowsOffset) / row_bytes));
+  const int lag = d.store_lag;  // 1, 2, 4 or 8 (launcher checks stages > lag)
+  const int lookahead = stages - lag;
+  auto unit_at = [&](int i) { return first + i * stride; };
 
   auto pull = [&](int i) {
     const int u = unit_at(i);
@@ -62,30 +68,104 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
     dev::mbarrier_arrive_expect_tx(&full[s], row_bytes);
     dev::bulk_load(rows + size_t(s) * row_bytes, src, row_bytes, &full[s]);
   };
+  // Unit i's stores are complete: give it to the publisher (batched; one proxy fence per batch).
+  auto hand_over = [&](int i, bool flush) {
+    *ring_word(smem, i) = unit_at(i);
+    if (flush || (i + 1) % kPublishBatch == 0) {
+      dev::fence_proxy_async_global();  // rows written by the bulk-copy proxy, flags by the generic one
+      __threadfence_block();
+      pushed(smem) = i + 1;
+    }
+  };
+  auto wait_ring_space = [&](int i) {
+    return dev::wait_until_ge([&] { return published(smem) + kRing; }, i + 1, team, WaitSite::bulk_copy, -1);
+  };
 
   for (int i = 0; i < min(lookahead, count); ++i) pull(i);
-  bool failed = false;
   for (int i = 0; i < count; ++i) {
-    const int u = unit_at(i);
     const int s = i % stages;
     const uint32_t phase = (i / stages) & 1;
-    if (!failed) {
-      failed = !dev::wait_until_ge([&] { return dev::mbarrier_try_wait(&full[s], phase) ? 1 : 0; }, 1, team,
-                                   WaitSite::bulk_copy, u);
+    if (!dev::wait_until_ge([&] { return dev::mbarrier_try_wait(&full[s], phase) ? 1 : 0; }, 1, team,
+                            WaitSite::bulk_copy, unit_at(i))) {
+      return false;
     }
-    if (failed) break;  // the status word names the stalled unit; compute blocks see the abort
+    const int u = unit_at(i);
     for (int j = 0; j < d.topk; ++j) {
       const int row = d.plan.unit_rows[size_t(u) * d.topk + j];
       if (row >= 0) dev::bulk_store(d.a + size_t(row) * d.hidden, rows + size_t(s) * row_bytes, row_bytes);
     }
     dev::bulk_commit_group();
-    dev::bulk_wait_group<kStoreLag>();  // units <= i - kStoreLag are fully written
-    if (i >= kStoreLag) publish_unit_rows(d, unit_at(i - kStoreLag), epoch);
-    if (i + lookahead < count) pull(i + lookahead);  // reuses the stage of unit i - kStoreLag
+    dispatch::wait_stores(lag);  // units <= i - lag are fully written
+    if (i >= lag) {
+      if (!wait_ring_space(i - lag)) return false;
+      hand_over(i - lag, false);
+    }
+    if (i + lookahead < count) pull(i + lookahead);  // reuses the stage of unit i - lag
   }
   dev::bulk_wait_group<0>();
-  if (failed) return;
-  for (int i = max(0, count - kStoreLag); i < count; ++i) publish_unit_rows(d, unit_at(i), epoch);
+  for (int i = max(0, count - lag); i < count; ++i) {
+    if (!wait_ring_space(i)) return false;
+    hand_over(i, i == count - 1);
+  }
+  return true;
+}
+
+// The publisher warp: counts rows of completed units into their tiles, releases complete tiles.
+__device__ inline void publish_rows(const DispatchArgs& d, int count, int32_t epoch, char* smem,
+                                    const TeamDeviceView& team) {
+  using namespace dispatch;
+  const int lane = threadIdx.x % 32;
+  const int k = d.topk;
+  int done = 0;
+  while (done < count) {
+    int avail = 0;
+    if (lane == 0) {
+      dev::wait_until_ge([&] { return pushed(smem); }, done + 1, team, WaitSite::bulk_copy, -2);
+      avail = pushed(smem);
+    }
+    avail = __shfl_sync(0xffffffffu, avail, 0);
+    if (avail <= done) return;  // the issuer stalled or the rank aborted: nothing more will come
+    __threadfence_block();
+    __threadfence();  // the rows (made visible by the issuer's proxy fence) before our counts
+    for (int idx = lane; idx < (avail - done) * k; idx += 32) {
+      const int u = *ring_word(smem, done + idx / k);
+      const int row = d.plan.unit_rows[size_t(u) * k + idx % k];
+      if (row < 0) continue;
+      const int m = row / d.tile_m;
+      const int landed = atomicAdd(&d.tile_arrived[m], 1) + 1;
+      if (landed == d.plan.tile_remote_rows[m]) {
+        d.tile_arrived[m] = 0;  // nobody else touches it before the next call
+        __threadfence();        // every count (and so every row) before the release
+        dev::st_release_gpu(&d.tile_ready[m], epoch);
+      }
+    }
+    __syncwarp();
+    done = avail;
+    if (lane == 0) published(smem) = done;
+  }
+}
+
+// Called by every thread of a comm block.
+__device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, int n_comm, int32_t epoch,
+                                         char* smem, int smem_bytes, const TeamDeviceView& team) {
+  using namespace dispatch;
+  const int warp = threadIdx.x / 32;
+  const int begin = d.unit_begin >= 0 ? d.unit_begin : *d.plan.num_local_units;
+  const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
+  const int first = begin + comm_index;
+  const int count = max(0, (end - first + n_comm - 1) / n_comm);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kMaxStages; ++s) dev::mbarrier_init(reinterpret_cast<uint64_t*>(smem) + s, 1);
+    pushed(smem) = 0;
+    published(smem) = 0;
+    dev::fence_mbarrier_init();
+  }
+  __syncthreads();
+  if (warp == 0) {
+    if (threadIdx.x == 0) issue_pulls(d, first, n_comm, count, epoch, smem, smem_bytes, team);
+  } else if (warp == 1) {
+    publish_rows(d, count, epoch, smem, team);
+  }
 }
 
 }  // namespace comet::kernels

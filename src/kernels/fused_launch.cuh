@@ -52,6 +52,10 @@ void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
   p.smem_bytes = Cfg::kSharedBytes;
   p.wait_ready = l.mode == Mode::fused;
   p.team = l.team;
+  // The comm blocks stage rows in the GEMM's shared memory: enough stages for the store lag + 1 load.
+  const int stages = (Cfg::kSharedBytes - 4096) / (l.dispatch.hidden * 2);
+  COMET_REQUIRE(p.n_comm == 0 || stages > l.dispatch.store_lag, "fused layer 0: rows of ", l.dispatch.hidden,
+                " values leave ", stages, " bulk-copy stages, store lag ", l.dispatch.store_lag, " needs more");
   const int grid = p.n_comm + p.n_compute;
   if (grid == 0) return;
   layer0_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);

@@ -25,6 +25,7 @@ struct DispatchArgs {
   int32_t* tile_ready;    // [max_tiles] epoch of the last call whose rows are all in
   int unit_begin;         // units to pull: [unit_begin, unit_end); -1: the plan's remote units
   int unit_end;
+  int store_lag;          // bulk-store groups in flight before a unit is published: 1, 2, 4 or 8
 };
 
 // Layer 1's comm role (combine_role.cuh).

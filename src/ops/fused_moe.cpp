@@ -90,6 +90,9 @@ FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const
                                                        : round_up(cap_.max_rows_per_rank, kTileM);
   validate_variant(options_.layer0, "layer 0");
   validate_variant(options_.layer1, "layer 1");
+  COMET_REQUIRE(options_.dispatch_store_lag == 1 || options_.dispatch_store_lag == 2 ||
+                    options_.dispatch_store_lag == 4 || options_.dispatch_store_lag == 8,
+                "FusedMoe: dispatch_store_lag must be 1, 2, 4 or 8");
   options_.checking = options_.checking || checking_from_env();
 
   const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
@@ -200,7 +203,8 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange
                                      s.tile_arrived,
                                      s.tile_ready,
                                      units.begin,
-                                     units.end};
+                                     units.end,
+                                     options_.dispatch_store_lag};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
   l.m_group = v.m_group;

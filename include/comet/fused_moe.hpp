@@ -33,8 +33,8 @@ struct MoeCapacity {
 };
 
 struct MoeOptions {
-  LayerVariant layer0{256, 2, 4, 1};
-  LayerVariant layer1{256, 4, 16, 1};
+  LayerVariant layer0{256, 2, 0, 1};
+  LayerVariant layer1{256, 4, 0, 1};
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;

@@ -16,6 +16,11 @@
 //    otherwise the largest unit index among its remote rows (the tile is complete once the pull
 //    reaches that unit). tile_order lists the M-tiles sorted by (tile_key, m): local tiles first, then
 //    in arrival order.
+//  * Indexing: segment arrays are [e * W + j] (expert-major); tile_expert holds the LOCAL expert index
+//    (0..E_l-1, global id = first_local_expert() + e), like every other per-expert array here.
+//  * Every array is filled up to its capacity: entries past the used counts (units >= num_units,
+//    rows that are padding or past expert_offset[E_l], tiles >= num_tiles) hold -1 in int arrays and
+//    0 in unit_gates, so two plans compare bitwise as whole arrays.
 //
 // The host builder and the device builder produce bitwise identical plans.
 #pragma once
@@ -56,10 +61,16 @@ struct PlanConfig {
   COMET_HD int position_of(int source) const { return (source - rank + world()) % world(); }
 };
 
-// Throws InvalidArgument if the configuration is unusable.
+// Throws InvalidArgument if the configuration is unusable: rank outside [0, W), tile_m not in
+// {16, 32, 64, 128, 256} (16 and 32 only serve small hand-made tests; the GEMM kernels use 64..256),
+// non-positive capacities, max_rows not a multiple of tile_m, more than 1024 local experts (the device
+// builder keeps per-expert tables in shared memory) or 65536 ranks, row counts that could overflow int32, or a
+// shape / layout that validate(MoeShape, Parallel) rejects.
 void validate(const PlanConfig& cfg);
 
 // Codes of the plan's status word. status[0] holds the first error's code, status[1..4] its details.
+// "First" is an order, not a race, so both builders name the same error: token counts by source rank,
+// then expert ids by (source rank, token, slot; out-of-range before duplicate), then the row count.
 enum class PlanError : int32_t {
   ok = 0,
   expert_out_of_range = 1,   // details: source rank, token, slot, expert id
@@ -69,8 +80,9 @@ enum class PlanError : int32_t {
 };
 inline constexpr int kPlanStatusWords = 5;
 
-// Human-readable message for a status word (used by both builders' error paths).
-std::string describe_plan_error(const int32_t* status);
+// Human-readable message for a status word (used by both builders' error paths). num_experts, when
+// given (> 0), lets an out-of-range message name the valid range [0, E).
+std::string describe_plan_error(const int32_t* status, int num_experts = 0);
 
 // One rank's routing as the plan reads it. ids and gates are [tokens][k], row-major.
 struct RoutingView {
@@ -128,6 +140,11 @@ class HostPlan {
  public:
   HostPlan() = default;
   explicit HostPlan(const PlanConfig& cfg);
+  // view() points into storage_, so copies re-carve their own storage and moves leave the source empty.
+  HostPlan(const HostPlan& other);
+  HostPlan& operator=(const HostPlan& other);
+  HostPlan(HostPlan&& other) noexcept;
+  HostPlan& operator=(HostPlan&& other) noexcept;
   const PlanConfig& config() const { return cfg_; }
   const PlanView& view() const { return view_; }
   size_t bytes() const { return storage_.size(); }

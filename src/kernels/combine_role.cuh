@@ -37,9 +37,13 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&acc)[8]) {
 }
 
 // Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
+// smem: kCombineSmemPerWarp bytes per warp of the block.
+constexpr int kCombineBatch = 8;  // items per warp iteration
+constexpr int kCombineSmemPerWarp = kCombineBatch * kMaxTopK * 8;
+
 __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, int32_t epoch,
-                                        bool wait_done, const TeamDeviceView& team) {
-  constexpr int kBatch = 8;    // items per warp iteration (all in one column chunk or two)
+                                        bool wait_done, char* smem, const TeamDeviceView& team) {
+  constexpr int kBatch = kCombineBatch;
   constexpr int kChunk = 256;  // columns per item: 32 lanes x 8
   const int sub_blocks = kChunk / c.tile_n;
   const int n_chunks = (c.hidden + kChunk - 1) / kChunk;
@@ -52,61 +56,64 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   if (units <= 0) return;
   const long long items = (long long)units * n_chunks;
   const int k = c.topk;
+  // This warp's staging of the batch's rows and gates: [b][j].
+  int32_t* rows_s = reinterpret_cast<int32_t*>(smem + (threadIdx.x / 32) * kCombineSmemPerWarp);
+  float* gates_s = reinterpret_cast<float*>(rows_s + kBatch * kMaxTopK);
 
   for (long long first = (long long)warp_id * kBatch; first < items; first += (long long)n_warps * kBatch) {
     const int batch = int(items - first < kBatch ? items - first : kBatch);
-    // 1. Metadata of the batch: lane b holds item b's unit, owner, token and column chunk.
-    int my_unit = 0, my_owner = 0, my_token = 0, my_chunk = 0;
+    auto unit_of = [&](int b) { return unit0 + int((first + b) % units); };
+    auto chunk_of = [&](int b) { return int((first + b) / units); };
+    // 1. Metadata, all loads independent: lane b: owner and token of item b; lanes over (b, j):
+    //    slot j's row and gate.
+    int my_owner = 0, my_token = 0;
     if (lane < batch) {
-      const long long item = first + lane;
-      my_chunk = int(item / units);
-      my_unit = unit0 + int(item % units);
-      my_owner = c.plan.unit_src[my_unit];
-      my_token = c.plan.unit_token[my_unit];
+      my_owner = c.plan.unit_src[unit_of(lane)];
+      my_token = c.plan.unit_token[unit_of(lane)];
     }
+    for (int p = lane; p < batch * k; p += 32) {
+      const int b = p / k, j = p % k;
+      rows_s[b * kMaxTopK + j] = c.plan.unit_rows[size_t(unit_of(b)) * k + j];
+      gates_s[b * kMaxTopK + j] = c.plan.unit_gates[size_t(unit_of(b)) * k + j];
+    }
+    __syncwarp();
     // 2. Wait until every row slice of the batch is done (lanes poll different flags in parallel).
     if (wait_done) {
       for (int idx = lane; idx < batch * k * sub_blocks; idx += 32) {
-        const long long item = first + idx / (k * sub_blocks);
-        const int chunk = int(item / units), u = unit0 + int(item % units);
-        const int row = c.plan.unit_rows[size_t(u) * k + (idx / sub_blocks) % k];
-        const int n = chunk * sub_blocks + idx % sub_blocks;
+        const int b = idx / (k * sub_blocks), j = (idx / sub_blocks) % k;
+        const int row = rows_s[b * kMaxTopK + j];
+        const int n = chunk_of(b) * sub_blocks + idx % sub_blocks;
         if (row < 0 || n >= c.n_blocks) continue;
         const int flag = (row / c.tile_m) * c.n_blocks + n;
         dev::wait_flag_gpu(&c.tile_done[flag], epoch, team, WaitSite::tile_done, flag);
       }
       __syncwarp();  // lanes' acquires now cover the whole warp's reads below
     }
-    // 3. Weighted sum over each unit's slots, fp32, fixed slot order; kBatch loads in flight.
+    // 3. Weighted sum over each unit's slots, fp32, fixed slot order; two slots' loads in flight.
     float acc[kBatch][8];
     int col[kBatch];
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
 #pragma unroll
       for (int i = 0; i < 8; ++i) acc[b][i] = 0.f;
-      col[b] = __shfl_sync(0xffffffffu, my_chunk, b) * kChunk + lane * 8;
-      if (b >= batch) col[b] = c.hidden;  // inactive
+      col[b] = b < batch ? chunk_of(b) * kChunk + lane * 8 : c.hidden;  // c.hidden: inactive
     }
-    for (int j = 0; j < k; ++j) {
-      // Lane b fetches slot j's row and gate of item b; everybody gets them by shuffle.
-      int my_row = -1;
-      float my_gate = 0.f;
-      if (lane < batch) {
-        my_row = c.plan.unit_rows[size_t(my_unit) * k + j];
-        my_gate = c.plan.unit_gates[size_t(my_unit) * k + j];
-      }
-      uint4 v[kBatch];
-      int row[kBatch];
+    for (int j = 0; j < k; j += 2) {
+      uint4 v0[kBatch], v1[kBatch];
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        row[b] = __shfl_sync(0xffffffffu, my_row, b);
-        if (row[b] >= 0 && col[b] < c.hidden)
-          v[b] = *reinterpret_cast<const uint4*>(c.y + size_t(row[b]) * c.hidden + col[b]);
+        if (col[b] >= c.hidden) continue;
+        const int r0 = rows_s[b * kMaxTopK + j];
+        const int r1 = j + 1 < k ? rows_s[b * kMaxTopK + j + 1] : -1;
+        if (r0 >= 0) v0[b] = *reinterpret_cast<const uint4*>(c.y + size_t(r0) * c.hidden + col[b]);
+        if (r1 >= 0) v1[b] = *reinterpret_cast<const uint4*>(c.y + size_t(r1) * c.hidden + col[b]);
       }
 #pragma unroll
       for (int b = 0; b < kBatch; ++b) {
-        const float gate = __shfl_sync(0xffffffffu, my_gate, b);
-        if (row[b] >= 0 && col[b] < c.hidden) accumulate_bf16x8(acc[b], v[b], gate);
+        if (col[b] >= c.hidden) continue;
+        if (rows_s[b * kMaxTopK + j] >= 0) accumulate_bf16x8(acc[b], v0[b], gates_s[b * kMaxTopK + j]);
+        if (j + 1 < k && rows_s[b * kMaxTopK + j + 1] >= 0)
+          accumulate_bf16x8(acc[b], v1[b], gates_s[b * kMaxTopK + j + 1]);
       }
     }
     // 4. Ship: the owner's slot for this rank (or this rank's own partial buffer).
@@ -120,6 +127,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
                                : c.peer_recv[owner] + (size_t(c.rank) * c.max_tokens + token) * c.hidden;
       *reinterpret_cast<uint4*>(dst + col[b]) = pack_bf16x8(acc[b]);
     }
+    __syncwarp();  // the staging is rewritten by the next batch
   }
 }
 

@@ -53,7 +53,7 @@ void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
   p.wait_ready = l.mode == Mode::fused;
   p.team = l.team;
   // The comm blocks stage rows in the GEMM's shared memory: enough stages for the store lag + 1 load.
-  const int stages = (Cfg::kSharedBytes - 4096) / (l.dispatch.hidden * 2);
+  const int stages = (Cfg::kSharedBytes - dispatch::kRowsOffset) / (l.dispatch.hidden * 2);
   COMET_REQUIRE(p.n_comm == 0 || stages > l.dispatch.store_lag, "fused layer 0: rows of ", l.dispatch.hidden,
                 " values leave ", stages, " bulk-copy stages, store lag ", l.dispatch.store_lag, " needs more");
   const int grid = p.n_comm + p.n_compute;

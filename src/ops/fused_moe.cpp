@@ -28,7 +28,7 @@ void validate_variant(const LayerVariant& v, const char* layer) {
   COMET_REQUIRE(kernels::is_supported_tile_n(v.tile_n), "FusedMoe ", layer, ": tile_n must be 128 or 256, got ",
                 v.tile_n);
   COMET_REQUIRE(v.n_comm >= 0, "FusedMoe ", layer, ": n_comm must be >= 0, got ", v.n_comm);
-  COMET_REQUIRE(v.m_group >= 1 && v.n_group >= 1, "FusedMoe ", layer, ": m_group and n_group must be >= 1");
+  COMET_REQUIRE(v.m_group >= 0 && v.n_group >= 1, "FusedMoe ", layer, ": m_group must be >= 0, n_group >= 1");
 }
 
 kernels::EpilogueOp activation_op(Activation a) {
@@ -38,6 +38,14 @@ kernels::EpilogueOp activation_op(Activation a) {
     case Activation::silu: return kernels::EpilogueOp::silu;
   }
   return kernels::EpilogueOp::none;
+}
+
+// m_group 0: groups of about one wave of work items (m_group x column blocks ~ compute blocks), so
+// the tiles in flight share their A tiles and B slabs in L2 and layer 0 needs few M-tiles at a time.
+int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile) {
+  if (m_group > 0) return m_group;
+  const int g = (compute_blocks + blocks_per_m_tile - 1) / std::max(1, blocks_per_m_tile);
+  return std::clamp(g, 1, 16);
 }
 
 bool checking_from_env() {
@@ -207,7 +215,7 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange
                                      options_.dispatch_store_lag};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
-  l.m_group = v.m_group;
+  l.m_group = auto_m_group(v.m_group, limit - v.n_comm, (l.n0 + v.tile_n - 1) / v.tile_n);
   l.mode = mode;
   l.team = team_.device_view(rank);
   if (mode == LayerMode::fused && v.n_comm == 0) l.mode = LayerMode::gemm_only;  // W == 1: nothing to pull
@@ -247,7 +255,7 @@ void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& v, UnitRange
                                    units.end};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
-  l.m_group = v.m_group;
+  l.m_group = auto_m_group(v.m_group, limit - v.n_comm, std::min(v.n_group, (H + v.tile_n - 1) / v.tile_n));
   l.n_group = v.n_group;
   l.mode = mode;
   l.team = team_.device_view(rank);

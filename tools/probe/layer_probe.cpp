@@ -105,7 +105,8 @@ int main(int argc, char** argv) {
   cudaStream_t s = team.stream(0);
   auto prep = [&] { moe.prepare(0); };
   auto none = [] {};
-  const LayerVariant base{256, 2, std::getenv("COMET_M_GROUP") ? std::atoi(std::getenv("COMET_M_GROUP")) : 4, 1};
+  const LayerVariant base{256, 2, std::getenv("COMET_M_GROUP") ? std::atoi(std::getenv("COMET_M_GROUP")) : 0,
+                          std::getenv("COMET_N_GROUP") ? std::atoi(std::getenv("COMET_N_GROUP")) : 1};
   if (const char* lag = std::getenv("COMET_STORE_LAG")) moe.options().dispatch_store_lag = std::atoi(lag);
   std::printf("m_group %d, store lag %d\n", base.m_group, moe.options().dispatch_store_lag);
   for (int layer = 0; layer < 2; ++layer) {

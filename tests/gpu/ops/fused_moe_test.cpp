@@ -23,8 +23,8 @@ struct Case {
   std::vector<int> tokens;
   RoutingKind kind = RoutingKind::uniform;
   Link link = Link::device;
-  LayerVariant l0{256, 2, 16, 1};
-  LayerVariant l1{256, 4, 16, 1};
+  LayerVariant l0{256, 2, 0, 1};
+  LayerVariant l1{256, 4, 0, 1};
   int hot = 0;
 };
 
@@ -166,7 +166,7 @@ TEST(FusedMoe, BitwiseAcrossCommBlocksAndRepeats) {
   const auto first_hidden = download_bf16(h.moe.hidden(0), size_t(h.moe.capacity().max_rows_per_rank) * 256);
   check_outputs(h, first);
   for (int n_comm : {1, 4, 16, 32}) {
-    h.run(LayerVariant{256, n_comm, 16, 1}, LayerVariant{256, n_comm, 16, 1});
+    h.run(LayerVariant{256, n_comm, 2, 1}, LayerVariant{256, n_comm, 3, 2});
     const auto got = h.outputs();
     for (size_t r = 0; r < got.size(); ++r)
       EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "n_comm " << n_comm << " rank " << r;

@@ -1,0 +1,315 @@
+// The baselines (SequentialMoe, ChunkedMoe) on W virtual ranks (LocalTeam) against the CPU reference:
+// every rank's output, the hidden rows after GEMM0 + activation and the expert outputs after GEMM1, for
+// EP, TP and EP x TP, link=device and link=host, the ugly routings, both cuBLAS paths and C in {2,4,8}.
+// Each system runs on a fresh team and FusedMoe, so a partial row one system forgot to ship cannot be
+// covered by the one an earlier system wrote.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <set>
+
+#include "comet/baselines.hpp"
+#include "comet/bf16.hpp"
+#include "comet/fused_moe.hpp"
+#include "comet/reference.hpp"
+#include "support/moe_problem.hpp"
+
+using namespace comet;
+using namespace comet::testing;
+
+namespace {
+
+struct Case {
+  const char* name;
+  MoeShape shape;
+  Parallel par;
+  std::vector<int> tokens;
+  RoutingKind kind = RoutingKind::uniform;
+  Link link = Link::device;
+  int hot = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
+
+// A baseline configuration: sequential, or chunked with `chunks` remote chunks.
+struct System {
+  const char* name;
+  bool chunked;
+  int chunks;
+  GemmPath path;
+};
+
+const System kSystems[] = {
+    {"sequential_grouped", false, 0, GemmPath::grouped}, {"sequential_loop", false, 0, GemmPath::loop},
+    {"chunked2_grouped", true, 2, GemmPath::grouped},    {"chunked2_loop", true, 2, GemmPath::loop},
+    {"chunked4_grouped", true, 4, GemmPath::grouped},    {"chunked4_loop", true, 4, GemmPath::loop},
+    {"chunked8_grouped", true, 8, GemmPath::grouped},    {"chunked8_loop", true, 8, GemmPath::loop},
+};
+
+// The problem and each rank's device data, shared by the systems of a case.
+struct Problem {
+  MoeProblem problem;
+  std::vector<std::unique_ptr<DeviceRank>> ranks;
+  explicit Problem(const Case& c, uint64_t seed = 3)
+      : problem(MoeProblem::make(c.shape, c.par, c.tokens, c.kind, seed, c.hot)) {
+    for (int r = 0; r < c.par.world(); ++r) ranks.push_back(upload_rank(problem, r));
+  }
+  std::vector<RankBatch> batches() const {
+    std::vector<RankBatch> b;
+    for (const auto& r : ranks) b.push_back(r->batch());
+    return b;
+  }
+  void poison_outputs() {
+    for (auto& r : ranks) r->out.fill_bytes(0xFF);  // NaN: every element must be written again
+  }
+  std::vector<std::vector<float>> outputs() const {
+    std::vector<std::vector<float>> o;
+    for (const auto& r : ranks) o.push_back(r->output());
+    return o;
+  }
+};
+
+// A fresh team and layer for one system run.
+struct Layer {
+  LocalTeam team;
+  FusedMoe moe;
+  Layer(const Problem& p, Link link)
+      : team(p.problem.par.world(), link),
+        moe(team, p.problem.shape, p.problem.par, MoeCapacity{p.problem.max_tokens(), 0}, MoeOptions{{}, {}, true}) {}
+};
+
+// Runs `sys` once over the problem; returns every rank's output. The layer is left as the run left it.
+std::vector<std::vector<float>> run_system(Problem& p, Layer& l, const System& sys) {
+  p.poison_outputs();
+  const int W = p.problem.par.world();
+  if (sys.chunked) {
+    ChunkedOptions o;
+    o.chunks = sys.chunks;
+    o.gemm0 = o.gemm1 = sys.path;
+    ChunkedMoe chunked(l.moe, o);
+    for (int r = 0; r < W; ++r) chunked.set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
+    chunked.forward(p.batches());
+    l.moe.sync_and_check();
+    for (int r = 0; r < W; ++r) EXPECT_EQ(chunked.chunks(r), std::min(sys.chunks, W - 1)) << "rank " << r;
+  } else {
+    SequentialOptions o;
+    o.gemm0 = o.gemm1 = sys.path;
+    SequentialMoe seq(l.moe, o);
+    for (int r = 0; r < W; ++r) seq.set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
+    seq.forward(p.batches());
+    l.moe.sync_and_check();
+  }
+  return p.outputs();
+}
+
+std::vector<bf16_bits> download_bf16(const void* ptr, size_t n) {
+  std::vector<bf16_bits> h(n);
+  COMET_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Hidden rows = act(w0_e x) on the rank's F shard; expert outputs = w1_e[:, shard] * (the GPU's own
+// hidden row), which isolates GEMM1 from GEMM0's rounding. Same tolerances as the fused layer's test.
+void check_layers(const Problem& p, Layer& l, const std::string& what) {
+  const MoeShape& s = p.problem.shape;
+  const Parallel& par = p.problem.par;
+  const int H = s.hidden, Fs = par.ffn_shard(s), k = s.topk;
+  for (int r = 0; r < par.world(); ++r) {
+    const HostPlan plan = l.moe.plan(r).to_host(l.team.stream(r));
+    const PlanView& v = plan.view();
+    const int rows = v.expert_offset[par.local_experts(s)];
+    const auto hid = from_bf16(download_bf16(l.moe.hidden(r), size_t(rows) * Fs));
+    const auto y = from_bf16(download_bf16(l.moe.expert_out(r), size_t(rows) * H));
+    std::vector<float> hid_ref, hid_got, y_ref, y_got;
+    const int f0 = par.tp_index(r) * Fs;
+    for (int row = 0; row < rows; ++row) {
+      const int u = v.row_unit[row];
+      if (u < 0) continue;
+      const auto& in = p.problem.inputs[v.unit_src[u]];
+      const int e = in.ids[size_t(v.unit_token[u]) * k + v.row_slot[row]];
+      const float* x = &in.x[size_t(v.unit_token[u]) * H];
+      const auto ref = reference::expert_hidden(s, p.problem.weights, e, x, f0, f0 + Fs);
+      hid_ref.insert(hid_ref.end(), ref.begin(), ref.end());
+      hid_got.insert(hid_got.end(), hid.begin() + size_t(row) * Fs, hid.begin() + size_t(row + 1) * Fs);
+      const auto yr = reference::expert_output(s, p.problem.weights, e, &hid[size_t(row) * Fs], f0, f0 + Fs);
+      y_ref.insert(y_ref.end(), yr.begin(), yr.end());
+      y_got.insert(y_got.end(), y.begin() + size_t(row) * H, y.begin() + size_t(row + 1) * H);
+    }
+    EXPECT_LT(relative_error(hid_got, hid_ref), 1e-2) << what << ": GEMM0 + activation, rank " << r;
+    EXPECT_LT(worst_row_error(hid_got, hid_ref, Fs), 3e-2) << what << ": GEMM0 + activation, rank " << r;
+    EXPECT_LT(relative_error(y_got, y_ref), 1e-2) << what << ": GEMM1, rank " << r;
+    EXPECT_LT(worst_row_error(y_got, y_ref, H), 3e-2) << what << ": GEMM1, rank " << r;
+  }
+}
+
+void check_outputs(const Problem& p, const std::vector<std::vector<float>>& ref,
+                   const std::vector<std::vector<float>>& got, const std::string& what) {
+  for (size_t r = 0; r < ref.size(); ++r) {
+    EXPECT_LT(relative_error(got[r], ref[r]), 1.5e-2) << what << ": forward, rank " << r;
+    if (!ref[r].empty())
+      EXPECT_LT(worst_row_error(got[r], ref[r], p.problem.shape.hidden), 5e-2) << what << ": forward, rank " << r;
+  }
+}
+
+class BaselinesCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(BaselinesCase, MatchesReference) {
+  const Case& c = GetParam();
+  Problem p(c);
+  const auto ref = reference::forward(p.problem.shape, p.problem.par, p.problem.weights, p.problem.inputs);
+  for (const System& sys : kSystems) {
+    SCOPED_TRACE(sys.name);
+    Layer l(p, c.link);
+    const auto got = run_system(p, l, sys);
+    check_outputs(p, ref, got, sys.name);
+    check_layers(p, l, sys.name);
+  }
+}
+
+const MoeShape kSmallSwiglu{256, 512, 8, 2, Activation::swiglu};
+const MoeShape kTop8{512, 256, 16, 8, Activation::swiglu};
+const MoeShape kGelu{384, 384, 8, 2, Activation::gelu};
+const MoeShape kSilu{256, 640, 4, 1, Activation::silu};
+const MoeShape kTop1E8{256, 512, 8, 1, Activation::swiglu};
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, BaselinesCase,
+    ::testing::Values(
+        Case{"W1_single_rank", kSmallSwiglu, {1, 1}, {300}},
+        Case{"EP2_device", kSmallSwiglu, {2, 1}, {37, 200}},
+        Case{"EP2_host", kSmallSwiglu, {2, 1}, {130, 64}, RoutingKind::uniform, Link::host},
+        Case{"EP4_zero_token_rank", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
+        Case{"EP8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform, Link::host},
+        Case{"EP4_all_to_one_expert_top1", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+        Case{"EP8_top1_all_to_expert0_host", kTop1E8, {8, 1}, {50, 70, 0, 33, 128, 9, 1, 200}, RoutingKind::one_expert,
+             Link::host},
+        Case{"EP4_zipf", kSmallSwiglu, {4, 1}, {300, 250, 20, 77}, RoutingKind::zipf},
+        Case{"EP4_local_only", kSmallSwiglu, {4, 1}, {64, 65, 66, 67}, RoutingKind::local_only},
+        Case{"TP4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}},
+        Case{"TP2_host", kSmallSwiglu, {1, 2}, {160, 31}, RoutingKind::uniform, Link::host},
+        Case{"TP8_top8_host", kTop8, {1, 8}, {40, 0, 90, 17, 64, 3, 128, 1}, RoutingKind::uniform, Link::host},
+        Case{"EP2xTP2", kTop8, {2, 2}, {80, 0, 150, 41}},
+        Case{"EP4xTP2_zipf_host", kSmallSwiglu, {4, 2}, {20, 40, 60, 80, 100, 0, 7, 130}, RoutingKind::zipf, Link::host},
+        Case{"EP8_one_expert_hot5", kTop8, {8, 1}, {64, 64, 64, 64, 64, 64, 64, 64}, RoutingKind::one_expert,
+             Link::device, 5}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// A baseline run twice on the same layer gives the same bits (fixed GEMM problems, deterministic combine).
+TEST(Baselines, RepeatedForwardIsBitwiseStable) {
+  const Case c{"repeat", kTop8, {4, 1}, {200, 150, 0, 99}, RoutingKind::uniform, Link::host};
+  Problem p(c);
+  for (const System& sys : {kSystems[0], kSystems[4]}) {
+    Layer l(p, c.link);
+    const auto first = run_system(p, l, sys);
+    for (int rep = 0; rep < 3; ++rep) {
+      const auto again = run_system(p, l, sys);
+      for (size_t r = 0; r < first.size(); ++r)
+        EXPECT_EQ(0, std::memcmp(first[r].data(), again[r].data(), first[r].size() * 4))
+            << sys.name << " repeat " << rep << " rank " << r;
+    }
+  }
+}
+
+// The stage layout: stage 0 is the local position; the remote positions 1..W-1 split into min(C, W-1)
+// groups of consecutive positions; unit ranges tile [0, num_units) in order, and for every expert the
+// stages' row ranges tile its segment, each row's unit lying in its stage's unit range.
+TEST(Baselines, ChunkStagesTileUnitsAndRows) {
+  const MoeShape shape{256, 512, 16, 4, Activation::swiglu};
+  for (const Parallel par : {Parallel{8, 1}, Parallel{4, 2}, Parallel{2, 1}, Parallel{1, 1}}) {
+    const int W = par.world();
+    std::vector<int> tokens;
+    for (int s = 0; s < W; ++s) tokens.push_back(s == 1 ? 0 : 40 + 13 * s);
+    const auto routing = make_routing(shape, par, tokens, RoutingKind::zipf, 11);
+    for (int rank = 0; rank < W; ++rank) {
+      const PlanConfig cfg{shape, par, rank, 32, PlanCapacity{200, 32 * 200}};
+      const HostPlan plan = build_plan_host(cfg, views(routing));
+      const PlanView& v = plan.view();
+      const int el = cfg.local_experts(), units = *v.num_units;
+      const std::vector<int> seg_off(v.segment_offset, v.segment_offset + el * W);
+      const std::vector<int> seg_rows(v.segment_rows, v.segment_rows + el * W);
+      const std::vector<int> unit_src(v.unit_src, v.unit_src + units);
+      for (int chunks : {1, 2, 3, 4, 7, 8, 20}) {
+        SCOPED_TRACE(::testing::Message() << "W " << W << " rank " << rank << " chunks " << chunks);
+        const auto stages = plan_chunk_stages(rank, W, el, chunks, seg_off, seg_rows, unit_src);
+        ASSERT_EQ(int(stages.size()), 1 + std::min(chunks, W - 1));
+        EXPECT_EQ(stages[0].pos_begin, 0);
+        EXPECT_EQ(stages[0].pos_end, 1);
+        EXPECT_EQ(stages[0].unit_begin, 0);
+        EXPECT_EQ(stages[0].unit_end, *v.num_local_units);
+        EXPECT_EQ(stages.back().pos_end, W);
+        EXPECT_EQ(stages.back().unit_end, units);
+        for (size_t i = 1; i < stages.size(); ++i) {
+          EXPECT_EQ(stages[i].pos_begin, stages[i - 1].pos_end);
+          EXPECT_EQ(stages[i].unit_begin, stages[i - 1].unit_end);
+          EXPECT_LT(stages[i].pos_begin, stages[i].pos_end);
+        }
+        for (const ChunkStage& st : stages) {
+          for (int u = st.unit_begin; u < st.unit_end; ++u) {
+            const int pos = cfg.position_of(v.unit_src[u]);
+            EXPECT_TRUE(pos >= st.pos_begin && pos < st.pos_end) << "unit " << u;
+          }
+        }
+        for (int e = 0; e < el; ++e) {
+          int row = v.expert_offset[e];
+          for (const ChunkStage& st : stages) {
+            EXPECT_EQ(st.row_begin[e], row) << "expert " << e;
+            for (int q = st.row_begin[e]; q < st.row_begin[e] + st.row_count[e]; ++q) {
+              EXPECT_TRUE(v.row_unit[q] >= st.unit_begin && v.row_unit[q] < st.unit_end) << "row " << q;
+            }
+            row += st.row_count[e];
+          }
+          EXPECT_EQ(row, v.expert_offset[e] + v.expert_rows[e]) << "expert " << e;
+        }
+      }
+    }
+  }
+}
+
+TEST(Baselines, RejectBadOptionsAndRanks) {
+  const Case c{"bad", kSmallSwiglu, {2, 1}, {10, 10}};
+  Problem p(c);
+  Layer l(p, c.link);
+  ChunkedOptions zero_chunks;
+  zero_chunks.chunks = 0;
+  EXPECT_THROW(ChunkedMoe(l.moe, zero_chunks), InvalidArgument);
+  SequentialOptions bad_tile;
+  bad_tile.tile_n = 192;
+  EXPECT_THROW(SequentialMoe(l.moe, bad_tile), InvalidArgument);
+
+  SequentialMoe seq(l.moe);
+  EXPECT_THROW(seq.layer0(0), InvalidArgument);   // not prepared
+  EXPECT_THROW(seq.prepare(0), InvalidArgument);  // no weights given to the baseline
+  EXPECT_THROW(seq.set_weights(5, p.ranks[0]->w0.get(), p.ranks[0]->w1.get()), InvalidArgument);
+
+  ChunkedOptions no_comm;
+  no_comm.comm_blocks = 0;
+  ChunkedMoe chunked(l.moe, no_comm);
+  for (int r = 0; r < 2; ++r) chunked.set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
+  EXPECT_THROW(chunked.run(0), InvalidArgument);  // no setup
+  for (int r = 0; r < 2; ++r) l.moe.stage(r, p.ranks[r]->batch());
+  l.team.barrier();
+  l.moe.prepare(0);
+  EXPECT_THROW(chunked.setup(0), InvalidArgument);  // comm_blocks 0
+  l.team.synchronize();
+}
+
+// Bad routing is raised when the baseline's host reads the plan, before any GEMM runs.
+TEST(Baselines, ReportBadRouting) {
+  const Case c{"badroute", kSmallSwiglu, {2, 1}, {10, 10}};
+  for (const System& sys : {kSystems[0], kSystems[2]}) {
+    Problem p(c);
+    std::vector<int32_t> ids = p.problem.inputs[1].ids;
+    ids[7] = 99;  // token 3, slot 1
+    p.ranks[1]->ids.upload(ids);
+    Layer l(p, c.link);
+    try {
+      run_system(p, l, sys);
+      ADD_FAILURE() << sys.name << ": bad routing was not reported";
+    } catch (const DeviceReportedError& e) {
+      EXPECT_NE(std::string(e.what()).find("99"), std::string::npos) << e.what();
+    }
+    l.team.synchronize();
+  }
+}
+
+}  // namespace

@@ -1,0 +1,80 @@
+// One thread per (row, group of 8 hidden columns): 16-byte loads and stores. Block row y is expert y;
+// its rows are the contiguous range of its (e, j) sub-segments for j in [pos_begin, pos_end).
+#include "baselines/activation.hpp"
+
+#include <cuda_bf16.h>
+
+#include "comet/cuda_check.hpp"
+
+namespace comet::baselines {
+namespace {
+
+__device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
+__device__ __forceinline__ float gelu_tanh(float z) {
+  return 0.5f * z * (1.0f + tanhf(0.7978845608028654f * (z + 0.044715f * z * z * z)));
+}
+
+__device__ __forceinline__ void unpack(const uint4& v, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __bfloat1622float2(h[i]);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+__device__ __forceinline__ uint4 pack(const float (&f)[8]) {
+  uint4 v;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
+}
+
+__global__ void activation_kernel(ActivationArgs a) {
+  const int e = blockIdx.y;
+  const int first = e * a.world + a.pos_begin, last = e * a.world + a.pos_end - 1;
+  const int row0 = a.segment_offset[first];
+  const int rows = a.segment_offset[last] + a.segment_rows[last] - row0;
+  const int groups = a.ffn_shard / 8;
+  const long long items = (long long)rows * groups;
+  const __nv_bfloat16* c = static_cast<const __nv_bfloat16*>(a.c);
+  __nv_bfloat16* hid = static_cast<__nv_bfloat16*>(a.hidden);
+  for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < items;
+       i += (long long)gridDim.x * blockDim.x) {
+    const size_t row = size_t(row0) + size_t(i / groups);
+    const int g = int(i % groups);
+    const __nv_bfloat16* in = c + row * a.ldc;
+    float x[8], out[8];
+    if (a.act == Activation::swiglu) {
+      float up[8];
+      unpack(*reinterpret_cast<const uint4*>(in + 16 * g), x);
+      unpack(*reinterpret_cast<const uint4*>(in + 16 * g + 8), up);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) out[q] = silu(x[q]) * up[q];
+    } else {
+      unpack(*reinterpret_cast<const uint4*>(in + 8 * g), x);
+#pragma unroll
+      for (int q = 0; q < 8; ++q) out[q] = a.act == Activation::gelu ? gelu_tanh(x[q]) : silu(x[q]);
+    }
+    *reinterpret_cast<uint4*>(hid + row * a.ffn_shard + 8 * g) = pack(out);
+  }
+}
+
+}  // namespace
+
+void launch_activation(const ActivationArgs& args, int max_rows, cudaStream_t stream) {
+  COMET_REQUIRE(args.ffn_shard % 8 == 0 && args.ldc % 8 == 0, "activation: F/tp must be a multiple of 8");
+  COMET_REQUIRE(args.pos_begin >= 0 && args.pos_end > args.pos_begin && args.pos_end <= args.world,
+                "activation: bad source position range [", args.pos_begin, ", ", args.pos_end, ")");
+  if (max_rows <= 0 || args.local_experts <= 0) return;
+  const int threads = 256;
+  const long long items = (long long)max_rows * (args.ffn_shard / 8);
+  const long long blocks = (items + threads - 1) / threads;
+  const dim3 grid(unsigned(blocks < 1024 ? blocks : 1024), unsigned(args.local_experts));
+  activation_kernel<<<grid, threads, 0, stream>>>(args);
+  COMET_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace comet::baselines

@@ -1,0 +1,45 @@
+// What both baselines keep per rank around their cuBLAS GEMMs: the rank's weights, the scratch that
+// holds GEMM0's output before the activation, and the operands of GEMM0 / GEMM1 / the activation over
+// FusedMoe's buffers. Also the comm-only variants that stand for "the copy kernels of today's stacks".
+#pragma once
+
+#include "baselines/activation.hpp"
+#include "baselines/expert_gemm.hpp"
+#include "comet/fused_moe.hpp"
+
+namespace comet::baselines {
+
+class ExpertLayers {
+ public:
+  ExpertLayers() = default;
+  ~ExpertLayers();
+  ExpertLayers(const ExpertLayers&) = delete;
+  ExpertLayers& operator=(const ExpertLayers&) = delete;
+
+  void set_weights(const void* w0, const void* w1);
+  bool has_weights() const { return w0_ && w1_; }
+  // Allocates GEMM0's output [rows_cap][n0] on first use (a rank that never runs a baseline pays nothing).
+  void ensure_scratch(const FusedMoe& moe);
+
+  // GEMM0: gathered rows [rows][H] x W0_e^T -> scratch [rows][n0].
+  GemmOperands gemm0(const FusedMoe& moe, int rank) const;
+  // GEMM1: hidden rows [rows][F_s] x W1_e^T -> expert outputs [rows][H].
+  GemmOperands gemm1(const FusedMoe& moe, int rank) const;
+  // Activation of the rows of source positions [pos_begin, pos_end): scratch -> hidden.
+  ActivationArgs activation(const FusedMoe& moe, int rank, int pos_begin, int pos_end) const;
+
+ private:
+  const void* w0_ = nullptr;
+  const void* w1_ = nullptr;
+  void* scratch_ = nullptr;
+};
+
+// W0 rows per expert on one rank: 2 F_s for gated activations, F_s otherwise.
+int w0_shard_rows(const FusedMoe& moe);
+
+// A comm-only variant of FusedMoe's layer `layer` with `blocks` comm blocks.
+LayerVariant comm_variant(int tile_n, int blocks);
+// The whole GPU copies: every resident block but one (FusedMoe keeps n_comm below the resident limit).
+LayerVariant all_sm_variant(const FusedMoe& moe, int layer, int tile_n);
+
+}  // namespace comet::baselines

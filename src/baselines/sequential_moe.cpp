@@ -1,0 +1,135 @@
+// SequentialMoe: dispatch, expert GEMMs, combine, one after the other on the rank's stream, each step
+// with the whole GPU (Megatron's all-to-all + grouped GEMM + all-to-all). See baselines.hpp.
+#include <algorithm>
+
+#include "baselines/expert_layers.hpp"
+#include "baselines/plan_readback.hpp"
+#include "comet/baselines.hpp"
+#include "comet/cuda_check.hpp"
+
+namespace comet {
+
+using baselines::ExpertCounts;
+using baselines::RowBlock;
+
+struct SequentialMoe::RankState {
+  int rank;
+  cudaStream_t stream;
+  baselines::ExpertLayers layers;
+  baselines::CublasHandle handle;
+  baselines::PlanReader reader;
+  baselines::GemmProblems problems0, problems1;
+  ExpertCounts counts;
+  int max_rows = 0;
+  bool prepared = false;
+
+  RankState(const FusedMoe& moe, int r)
+      : rank(r),
+        stream(moe.team().stream(r)),
+        handle(stream),
+        reader(moe.parallel().local_experts(moe.shape())),
+        problems0(moe.parallel().local_experts(moe.shape())),
+        problems1(moe.parallel().local_experts(moe.shape())) {}
+};
+
+SequentialMoe::SequentialMoe(FusedMoe& moe, const SequentialOptions& options) : moe_(moe), options_(options) {
+  COMET_REQUIRE(options_.tile_n == 128 || options_.tile_n == 256, "SequentialMoe: tile_n must be 128 or 256, got ",
+                options_.tile_n);
+  COMET_CUDA_CHECK(cudaSetDevice(moe_.team().device()));
+  for (int r : moe_.team().local_ranks()) ranks_.push_back(std::make_unique<RankState>(moe_, r));
+}
+
+SequentialMoe::~SequentialMoe() {
+  for (const auto& s : ranks_) cudaStreamSynchronize(s->stream);  // GEMMs may still read our scratch
+}
+
+SequentialMoe::RankState& SequentialMoe::state(int rank) const {
+  for (const auto& s : ranks_)
+    if (s->rank == rank) return *s;
+  throw InvalidArgument(detail::concat("SequentialMoe: rank ", rank, " is not driven by this process"));
+}
+
+void SequentialMoe::set_weights(int rank, const void* w0, const void* w1) {
+  moe_.set_weights(rank, w0, w1);  // validates the pointers and the rank
+  state(rank).layers.set_weights(w0, w1);
+}
+
+void SequentialMoe::prepare(int rank) {
+  RankState& s = state(rank);
+  COMET_REQUIRE(s.layers.has_weights(), "SequentialMoe: no weights set for rank ", rank,
+                " (set them through the baseline)");
+  s.prepared = false;
+  moe_.prepare(rank);
+  s.counts = s.reader.read_counts(moe_.plan(rank).view(), moe_.shape().num_experts, s.stream);
+  s.layers.ensure_scratch(moe_);
+  std::vector<RowBlock> blocks;
+  for (size_t e = 0; e < s.counts.rows.size(); ++e) blocks.push_back(RowBlock{int(e), s.counts.offset[e], s.counts.rows[e]});
+  s.problems0.assign(s.layers.gemm0(moe_, rank), blocks, s.stream);
+  s.problems1.assign(s.layers.gemm1(moe_, rank), blocks, s.stream);
+  s.max_rows = s.counts.rows.empty() ? 0 : *std::max_element(s.counts.rows.begin(), s.counts.rows.end());
+  s.prepared = true;
+}
+
+static void require_prepared(bool prepared, int rank) {
+  COMET_REQUIRE(prepared, "SequentialMoe: rank ", rank, " has not been prepared (call prepare first)");
+}
+
+void SequentialMoe::dispatch(int rank) {
+  require_prepared(state(rank).prepared, rank);
+  if (moe_.parallel().world() == 1) return;  // every row is local and already in A
+  moe_.layer0(rank, LayerMode::comm_only, baselines::all_sm_variant(moe_, 0, options_.tile_n));
+}
+
+void SequentialMoe::gemm0(int rank) {
+  RankState& s = state(rank);
+  require_prepared(s.prepared, rank);
+  s.problems0.run(s.handle.get(), options_.gemm0);
+}
+
+void SequentialMoe::activation(int rank) {
+  RankState& s = state(rank);
+  require_prepared(s.prepared, rank);
+  baselines::launch_activation(s.layers.activation(moe_, rank, 0, moe_.parallel().world()), s.max_rows, s.stream);
+}
+
+void SequentialMoe::gemm1(int rank) {
+  RankState& s = state(rank);
+  require_prepared(s.prepared, rank);
+  s.problems1.run(s.handle.get(), options_.gemm1);
+}
+
+void SequentialMoe::combine(int rank) {
+  require_prepared(state(rank).prepared, rank);
+  moe_.layer1(rank, LayerMode::comm_only, baselines::all_sm_variant(moe_, 1, options_.tile_n));
+}
+
+void SequentialMoe::layer0(int rank) {
+  dispatch(rank);
+  gemm0(rank);
+  activation(rank);
+}
+
+void SequentialMoe::layer1(int rank) {
+  gemm1(rank);
+  combine(rank);
+}
+
+void SequentialMoe::forward(const std::vector<RankBatch>& batches) {
+  const std::vector<int> local = moe_.team().local_ranks();
+  COMET_REQUIRE(batches.size() == local.size(), "SequentialMoe::forward: ", batches.size(), " batches for ",
+                local.size(), " local ranks");
+  for (size_t i = 0; i < local.size(); ++i) moe_.stage(local[i], batches[i]);
+  moe_.team().barrier();  // every rank's tokens and routing are in its exported buffers
+  for (int r : local) {
+    prepare(r);
+    layer0(r);
+    layer1(r);
+  }
+  moe_.team().barrier();  // every partial row is in its owner's receive buffer
+  for (size_t i = 0; i < local.size(); ++i) moe_.finish(local[i], batches[i]);
+  if (moe_.options().checking) moe_.sync_and_check();
+}
+
+const std::vector<int>& SequentialMoe::expert_rows(int rank) const { return state(rank).counts.rows; }
+
+}  // namespace comet

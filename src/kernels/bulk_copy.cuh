@@ -25,6 +25,11 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_
                : "memory");
 }
 
+// Plain arrival (release at CTA scope): data written before it is visible to whoever waits the phase.
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
 __device__ __forceinline__ bool mbarrier_try_wait(uint64_t* bar, uint32_t phase) {
   uint32_t done;
   asm volatile(

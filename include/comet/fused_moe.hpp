@@ -16,11 +16,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "comet/device_plan.hpp"
 #include "comet/shape.hpp"
 #include "comet/team.hpp"
+#include "comet/tune.hpp"
 #include "comet/variant.hpp"
 
 namespace comet {
@@ -32,12 +34,14 @@ struct MoeCapacity {
   int max_rows_per_rank = 0;
 };
 
+// A layer variant with n_comm < 0 is chosen per call by the tuner (table, else cost model).
 struct MoeOptions {
-  LayerVariant layer0{256, 2, 0, 1};
-  LayerVariant layer1{256, 4, 0, 1};
+  LayerVariant layer0{256, -1, 0, 1};
+  LayerVariant layer1{256, -1, 0, 1};
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;
+  std::string tune_table;  // the tuner's table; empty: TuneTable::default_path()
 };
 
 // One rank's inputs and output for a call (device pointers, bf16 activations).
@@ -75,8 +79,13 @@ class FusedMoe {
   void stage(int rank, const RankBatch& batch);  // x and routing into the rank's exported buffers
   void prepare(int rank);                        // device plan, new epoch, local rows into A
   // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).
+  // A variant with n_comm < 0 is resolved by the tuner for the rank's staged token count.
   void layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange units = {});
   void layer1(int rank, LayerMode mode, const LayerVariant& v, UnitRange units = {});
+  // What the tuner picks for a layer of `rank`'s staged batch (n_comm >= 0 in v: v itself, "forced").
+  TunedVariant resolve(int layer, int rank, const LayerVariant& v) const;
+  TuneKey tune_key(int layer, int tokens_per_rank) const;
+  const TuneTable& tune_table() const { return table_; }
   void finish(int rank, const RankBatch& batch);  // sum of partials -> batch.out (after a barrier)
   void advance_epoch(int rank);                  // a new generation for flags (benchmarks re-running a layer)
 
@@ -108,6 +117,10 @@ class FusedMoe {
   MoeCapacity cap_;
   MoeOptions options_;
   SymmetricId x_sym_, routing_sym_, recv_sym_;
+  TuneTable table_;
+  std::string gpu_name_;
+  int sms_ = 0;
+  mutable int max_blocks_[2][2] = {};  // [layer][tile_n == 256]: resident grid, queried once
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
 };
 

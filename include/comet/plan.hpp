@@ -14,8 +14,12 @@
 //    belongs to exactly one expert.
 //  * M-tile m covers rows [m*tile_m, (m+1)*tile_m). tile_key[m] is -1 when all of its rows are local,
 //    otherwise the largest unit index among its remote rows (the tile is complete once the pull
-//    reaches that unit). tile_order lists the M-tiles sorted by (tile_key, m): local tiles first, then
-//    in arrival order.
+//    reaches that unit). The tile's wave is 0 when all of its rows are local, else the source
+//    position of unit tile_key (the last source it waits for). tile_order lists the M-tiles sorted by
+//    (wave, m): local tiles first, then wave by wave in arrival order, and inside a wave expert by
+//    expert, so that tiles computed together share their expert's weights in L2 (sorting by the
+//    exact key interleaves the experts; measured on the H200: 473 TFLOP/s instead of ~700 for
+//    Mixtral with tp = 8).
 //  * Indexing: segment arrays are [e * W + j] (expert-major); tile_expert holds the LOCAL expert index
 //    (0..E_l-1, global id = first_local_expert() + e), like every other per-expert array here.
 //  * Every array is filled up to its capacity: entries past the used counts (units >= num_units,
@@ -60,6 +64,11 @@ struct PlanConfig {
   COMET_HD int source_at(int position) const { return (rank + position) % world(); }
   COMET_HD int position_of(int source) const { return (source - rank + world()) % world(); }
 };
+
+// The wave of a tile with key `key` (see above); unit_src is the plan's array, `world`/`rank` its config.
+COMET_HD inline int tile_wave(int key, const int32_t* unit_src, int world, int rank) {
+  return key < 0 ? 0 : (unit_src[key] - rank + world) % world;
+}
 
 // Throws InvalidArgument if the configuration is unusable: rank outside [0, W), tile_m not in
 // {16, 32, 64, 128, 256} (16 and 32 only serve small hand-made tests; the GEMM kernels use 64..256),

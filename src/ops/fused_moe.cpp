@@ -27,7 +27,6 @@ int default_rows(const MoeShape& s, const Parallel& p, int max_tokens) {
 void validate_variant(const LayerVariant& v, const char* layer) {
   COMET_REQUIRE(kernels::is_supported_tile_n(v.tile_n), "FusedMoe ", layer, ": tile_n must be 128 or 256, got ",
                 v.tile_n);
-  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe ", layer, ": n_comm must be >= 0, got ", v.n_comm);
   COMET_REQUIRE(v.m_group >= 0 && v.n_group >= 1, "FusedMoe ", layer, ": m_group must be >= 0, n_group >= 1");
 }
 
@@ -102,6 +101,13 @@ FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const
                     options_.dispatch_store_lag == 4 || options_.dispatch_store_lag == 8,
                 "FusedMoe: dispatch_store_lag must be 1, 2, 4 or 8");
   options_.checking = options_.checking || checking_from_env();
+  table_ = TuneTable::load(options_.tune_table.empty() ? TuneTable::default_path() : options_.tune_table);
+  {
+    cudaDeviceProp prop{};
+    COMET_CUDA_CHECK(cudaGetDeviceProperties(&prop, team_.device()));
+    gpu_name_ = prop.name;
+    sms_ = prop.multiProcessorCount;
+  }
 
   const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
   const size_t row_bytes = size_t(H) * 2;
@@ -181,11 +187,43 @@ void FusedMoe::advance_epoch(int rank) {
 }
 
 int FusedMoe::max_blocks(int layer, int tile_n) const {
-  return (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
+  int& cached = max_blocks_[layer == 0 ? 0 : 1][tile_n == 256 ? 1 : 0];
+  if (cached == 0) cached = (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
+  return cached;
 }
 
-void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange units) {
+TuneKey FusedMoe::tune_key(int layer, int tokens_per_rank) const {
+  TuneKey k;
+  k.gpu = gpu_name_;
+  k.sms = sms_;
+  k.layer = layer;
+  k.hidden = shape_.hidden;
+  k.ffn = shape_.ffn;
+  k.experts = shape_.num_experts;
+  k.topk = shape_.topk;
+  k.world = par_.world();
+  k.ep = par_.ep;
+  k.tp = par_.tp;
+  k.link = team_.link();
+  k.tokens_bucket = tokens_bucket(tokens_per_rank);
+  return k;
+}
+
+TunedVariant FusedMoe::resolve(int layer, int rank, const LayerVariant& v) const {
+  if (v.n_comm >= 0) return TunedVariant{v, "forced"};
+  const int tokens = std::max(1, state(rank).tokens);
+  const TuneKey key = tune_key(layer, tokens);
+  TunedVariant t = pick_variant(table_, key, expected_work(shape_, par_, layer, tokens, v.tile_n), v);
+  // The pick must leave compute blocks on this device (a table from another GPU could ask for more).
+  t.variant.n_comm = std::min(t.variant.n_comm, max_blocks(layer, t.variant.tile_n) - 1);
+  if (par_.world() == 1) t.variant.n_comm = layer == 0 ? 0 : t.variant.n_comm;  // nothing to pull
+  return t;
+}
+
+void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, UnitRange units) {
+  const LayerVariant v = resolve(0, rank, requested).variant;
   validate_variant(v, "layer 0");
+  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe layer 0: n_comm must be >= 0");
   COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 0: a unit range needs comm_only mode");
   RankState& s = state(rank);
   const int limit = max_blocks(0, v.tile_n);
@@ -222,8 +260,10 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange
   kernels::launch_layer0(l, s.stream);
 }
 
-void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& v, UnitRange units) {
+void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& requested, UnitRange units) {
+  const LayerVariant v = resolve(1, rank, requested).variant;
   validate_variant(v, "layer 1");
+  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe layer 1: n_comm must be >= 0");
   COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 1: a unit range needs comm_only mode");
   RankState& s = state(rank);
   const int limit = max_blocks(1, v.tile_n);

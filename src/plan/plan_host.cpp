@@ -155,9 +155,8 @@ HostPlan build_plan_host(const PlanConfig& cfg, const std::vector<RoutingView>& 
   }
   std::vector<int> order(tiles);
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return v.tile_key[a] != v.tile_key[b] ? v.tile_key[a] < v.tile_key[b] : a < b;
-  });
+  auto wave = [&](int m) { return tile_wave(v.tile_key[m], v.unit_src, cfg.world(), cfg.rank); };
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return std::make_pair(wave(a), a) < std::make_pair(wave(b), b); });
   std::copy(order.begin(), order.end(), v.tile_order);
   return plan;
 }

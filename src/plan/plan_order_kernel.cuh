@@ -1,7 +1,8 @@
-// Device builder, kernel 4 of 4: tile_order, the M-tiles sorted by (tile_key, m), by merging rather
-// than sorting. Inside one expert the tiles' keys never decrease (the all-local tiles, key -1, come
-// first; after them each key is the unit of the tile's last row, and rows follow unit order with at
-// most one row per unit and expert), so the tiles form E_l sorted runs. A tile's place is the number
+// Device builder, kernel 4 of 4: tile_order, the M-tiles sorted by (wave, m) (plan.hpp), by merging
+// rather than sorting. Inside one expert the tiles' keys never decrease (the all-local tiles, key -1,
+// come first; after them each key is the unit of the tile's last row, and rows follow unit order with
+// at most one row per unit and expert), and the wave is a nondecreasing function of the key, so the
+// tiles' waves form E_l sorted runs. A tile's place is the number
 // of tiles before it in every run: in runs of earlier experts (smaller m) those with key <= its key,
 // in runs of later experts those with key < its key, in its own run the tiles before it. One warp per
 // tile, one lane per run, binary searches over the keys staged in shared memory.
@@ -22,28 +23,30 @@ __host__ __device__ inline size_t order_kernel_smem(const BuildGeometry& g) {
   return bytes <= kOrderSmemKeysMax ? bytes : 0;
 }
 
-// Number of keys in [lo, hi) that are < key (or <= key when `inclusive`).
-__device__ inline int count_below(const int32_t* keys, int lo, int hi, int key, bool inclusive) {
+// Number of waves in [lo, hi) that are < wave (or <= wave when `inclusive`).
+template <class WaveAt>
+__device__ inline int count_below(WaveAt wave_at, int lo, int hi, int wave, bool inclusive) {
   const int start = lo;
   while (lo < hi) {
     const int mid = (lo + hi) / 2;
-    if (keys[mid] < key || (inclusive && keys[mid] == key)) lo = mid + 1;
+    const int w = wave_at(mid);
+    if (w < wave || (inclusive && w == wave)) lo = mid + 1;
     else hi = mid;
   }
   return lo - start;
 }
 
 __global__ void __launch_bounds__(kOrderWarps * 32) plan_order_kernel(BuildGeometry g, PlanView v, bool keys_in_smem) {
-  extern __shared__ int32_t order_smem[];                  // [num_tiles] keys when keys_in_smem
+  extern __shared__ int32_t order_smem[];                  // [num_tiles] waves when keys_in_smem
   __shared__ int32_t s_first_tile[kMaxLocalExperts + 1];  // first tile of each expert's run
   const int El = g.local_experts;
   const int tiles = *v.num_tiles;
   for (int e = threadIdx.x; e <= El; e += blockDim.x) s_first_tile[e] = v.expert_offset[e] / g.tile_m;
-  const int32_t* keys = v.tile_key;
+  auto wave_of_tile = [&](int m) { return tile_wave(v.tile_key[m], v.unit_src, g.world, g.rank); };
   if (keys_in_smem) {
-    for (int m = threadIdx.x; m < tiles; m += blockDim.x) order_smem[m] = v.tile_key[m];
-    keys = order_smem;
+    for (int m = threadIdx.x; m < tiles; m += blockDim.x) order_smem[m] = wave_of_tile(m);
   }
+  auto wave_at = [&](int m) { return keys_in_smem ? order_smem[m] : wave_of_tile(m); };
   __syncthreads();
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -54,13 +57,13 @@ __global__ void __launch_bounds__(kOrderWarps * 32) plan_order_kernel(BuildGeome
       if (lane == 0) v.tile_order[m] = -1;
       continue;
     }
-    const int key = keys[m];
+    const int key = wave_at(m);
     const int own = segment_of(s_first_tile, El, m);
     int before = 0;
     for (int e = lane; e < El; e += 32) {
       const int lo = s_first_tile[e], hi = s_first_tile[e + 1];
-      if (e < own) before += count_below(keys, lo, hi, key, true);
-      else if (e > own) before += count_below(keys, lo, hi, key, false);
+      if (e < own) before += count_below(wave_at, lo, hi, key, true);
+      else if (e > own) before += count_below(wave_at, lo, hi, key, false);
       else before += m - lo;
     }
 #pragma unroll

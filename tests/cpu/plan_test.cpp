@@ -438,7 +438,10 @@ void check_properties(const PlanConfig& cfg, const std::vector<RankRouting>& rou
     ++seen[m];
     if (i > 0) {
       const int p = v.tile_order[i - 1];
-      ASSERT_LT(std::make_pair(v.tile_key[p], p), std::make_pair(v.tile_key[m], m)) << "order position " << i;
+      const auto wave = [&](int t) {  // the source position of the tile's last remote row, 0 if none
+        return v.tile_key[t] < 0 ? 0 : cfg.position_of(v.unit_src[v.tile_key[t]]);
+      };
+      ASSERT_LT(std::make_pair(wave(p), p), std::make_pair(wave(m), m)) << "order position " << i;
     }
   }
   ASSERT_EQ(seen, std::vector<int>(tiles, 1));

@@ -1,0 +1,45 @@
+// Problem keys and the expected work behind them.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "comet/tune.hpp"
+
+namespace comet {
+
+std::string TuneKey::str() const {
+  std::ostringstream os;
+  os << gpu << '|' << sms << "|l" << layer << '|' << hidden << 'x' << ffn << "|E" << experts << "|k" << topk << "|W"
+     << world << "|ep" << ep << "|tp" << tp << '|' << to_string(link) << "|T" << tokens_bucket << '|' << dtype;
+  return os.str();
+}
+
+int tokens_bucket(int tokens_per_rank) {
+  int b = 256;
+  while (b < tokens_per_rank) b *= 2;
+  return b;
+}
+
+LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n) {
+  const double W = p.world(), T = tokens_per_rank, k = s.topk;
+  // Every token of every rank sends k rows, spread evenly over the ep groups; each of the group's tp
+  // ranks gets all of them (its F shard).
+  const double rows = W * T * k / p.ep;
+  // A token reaches a group if one of its k distinct experts lives there.
+  const double reach = 1.0 - std::pow(1.0 - 1.0 / p.ep, k);
+  const double remote_units = (W - 1) * T * reach;
+  const double H = s.hidden, Fs = p.ffn_shard(s);
+  LayerWork w;
+  w.layer = layer;
+  w.link_bytes = remote_units * H * 2;
+  if (layer == 0) {
+    w.flops = 2.0 * rows * s.w0_rows() / p.tp * H;
+  } else {
+    w.flops = 2.0 * rows * H * Fs;
+    w.column_groups = std::max(1, int(std::ceil(H / 256.0)));
+  }
+  (void)tile_n;
+  return w;
+}
+
+}  // namespace comet

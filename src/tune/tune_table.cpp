@@ -1,0 +1,112 @@
+// The persisted table of measured picks and calibrated cost models (JSON, nlohmann-json).
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "comet/common.hpp"
+#include "comet/tune.hpp"
+
+namespace comet {
+
+namespace {
+
+using nlohmann::json;
+
+std::string model_key(const std::string& gpu, Link link) { return gpu + '|' + to_string(link); }
+
+json to_json(const LayerVariant& v) {
+  return json{{"tile_n", v.tile_n}, {"n_comm", v.n_comm}, {"m_group", v.m_group}, {"n_group", v.n_group}};
+}
+
+LayerVariant variant_from(const json& j) {
+  LayerVariant v;
+  v.tile_n = j.at("tile_n").get<int>();
+  v.n_comm = j.at("n_comm").get<int>();
+  v.m_group = j.value("m_group", 0);
+  v.n_group = j.value("n_group", 1);
+  return v;
+}
+
+}  // namespace
+
+std::string TuneTable::default_path() {
+  if (const char* p = std::getenv("COMET_TUNE_TABLE"); p && *p) return p;
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/comet/tune.json";
+  const char* home = std::getenv("HOME");
+  return std::string(home && *home ? home : "/tmp") + "/.cache/comet/tune.json";
+}
+
+TuneTable TuneTable::load(const std::string& path) {
+  TuneTable t;
+  std::ifstream in(path);
+  if (!in) return t;
+  json j;
+  try {
+    in >> j;
+    for (const auto& item : j.at("entries").items()) {
+      const json& e = item.value();
+      t.entries_[item.key()] = TuneEntry{variant_from(e), e.value("ms", 0.0)};
+    }
+    const json models = j.value("models", json::object());
+    for (const auto& item : models.items()) {
+      const json& m = item.value();
+      CostModel c;
+      c.gemm_tflops_per_sm = m.at("gemm_tflops_per_sm").get<double>();
+      c.l0_block_gbps = m.at("l0_block_gbps").get<double>();
+      c.l1_block_gbps = m.at("l1_block_gbps").get<double>();
+      c.link_gbps = m.at("link_gbps").get<double>();
+      t.models_[item.key()] = c;
+    }
+  } catch (const std::exception& e) {
+    throw InvalidArgument(detail::concat("tune table ", path, " is not a comet tune table: ", e.what()));
+  }
+  return t;
+}
+
+void TuneTable::save(const std::string& path) const {
+  json j;
+  j["version"] = 1;
+  j["entries"] = json::object();
+  for (const auto& [key, e] : entries_) {
+    json v = to_json(e.variant);
+    v["ms"] = e.ms;
+    j["entries"][key] = v;
+  }
+  j["models"] = json::object();
+  for (const auto& [key, m] : models_) {
+    j["models"][key] = json{{"gemm_tflops_per_sm", m.gemm_tflops_per_sm},
+                            {"l0_block_gbps", m.l0_block_gbps},
+                            {"l1_block_gbps", m.l1_block_gbps},
+                            {"link_gbps", m.link_gbps}};
+  }
+  const std::filesystem::path p(path);
+  if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
+  std::ofstream out(path);
+  COMET_REQUIRE(bool(out), "tune table: cannot write ", path);
+  out << j.dump(2) << '\n';
+}
+
+const TuneEntry* TuneTable::find(const TuneKey& key) const {
+  const auto it = entries_.find(key.str());
+  return it == entries_.end() ? nullptr : &it->second;
+}
+
+void TuneTable::put(const TuneKey& key, const TuneEntry& entry) { entries_[key.str()] = entry; }
+
+CostModel TuneTable::model(const std::string& gpu, Link link) const {
+  const auto it = models_.find(model_key(gpu, link));
+  return it == models_.end() ? CostModel::defaults(link) : it->second;
+}
+
+void TuneTable::set_model(const std::string& gpu, Link link, const CostModel& m) { models_[model_key(gpu, link)] = m; }
+
+TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const LayerWork& work, const LayerVariant& base) {
+  if (const TuneEntry* e = table.find(key)) return TunedVariant{e->variant, "table"};
+  LayerVariant v = base;
+  v.n_comm = table.model(key.gpu, key.link).best_n_comm(work, key.sms);
+  return TunedVariant{v, "cost_model"};
+}
+
+}  // namespace comet

@@ -1,0 +1,180 @@
+#include "bench_options.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <sstream>
+
+#include "comet/common.hpp"
+
+namespace comet::bench {
+namespace {
+
+const char* kUsage = R"(comet-bench: per-layer and forward latency of comet's fused MoE layer against cuBLAS and the
+sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (LocalTeam).
+
+  --quick                  mixtral + qwen2, ep8, host link, uniform, tokens 1024,4096, n_comm 1,2,4,
+                           chunks 2,4 (well under 2 minutes on an H200); later flags still apply
+  --models LIST            mixtral,qwen2,phi35,qwen57,deepseek            (default: all)
+  --layouts LIST           ep8,tp8,ep4tp2 (any ep<a>tp<b> with a*b = 8)   (default: ep8,tp8,ep4tp2)
+  --links LIST             host,device                                    (default: host,device)
+  --routings LIST          uniform,zipf1.2,one_expert                     (default: uniform,zipf1.2)
+  --tokens LIST            tokens per rank                                (default: 1024,2048,4096,8192,16384)
+  --n-comm LIST            comm blocks of comet's fused sweep             (default: 1,2,4,8,16,24,32)
+  --layers LIST            l0,l1,fwd                                      (default: all)
+  --systems LIST           cublas,comet,sequential,chunked                (default: all)
+  --chunks LIST            chunked baseline's C values                    (default: 2,4,8)
+  --chunk-comm-blocks N    blocks of each chunked pull / ship             (default: 16)
+  --tile-n N               comet's tile 128xN, N in {128, 256}            (default: 256)
+  --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
+  --warmup N               untimed runs before them (1 for huge cases)    (default: 2)
+  --comm-all               time comm_only at every n_comm (default: at the best fused n_comm only)
+  --mem-limit-gib X        device memory to plan for (default: free memory less 6 GiB)
+  --host-limit-gib X       pinned host memory to plan for                 (default: 96)
+  --seed N                 routing and data seed                          (default: 1)
+  --out PATH               JSON results (default: bench/results/comet_bench_<UTC time>.json); the
+                           markdown table is written next to it with the extension .md
+  --commit ID              commit id recorded in every result (default: $COMET_COMMIT, else "unknown")
+  --estimate               print the cases, the skipped ones and a device-time estimate; run nothing
+LISTs are comma-separated.
+)";
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ','))
+    if (!item.empty()) out.push_back(item);
+  COMET_REQUIRE(!out.empty(), "empty list '", s, "'");
+  return out;
+}
+
+int to_int(const std::string& s, const std::string& flag) {
+  size_t used = 0;
+  int v = 0;
+  try {
+    v = std::stoi(s, &used);
+  } catch (...) {
+    used = 0;
+  }
+  COMET_REQUIRE(used == s.size() && !s.empty(), flag, ": '", s, "' is not an integer");
+  return v;
+}
+
+std::vector<int> split_ints(const std::string& s, const std::string& flag) {
+  std::vector<int> out;
+  for (const std::string& item : split(s)) out.push_back(to_int(item, flag));
+  return out;
+}
+
+void require_subset(const std::vector<std::string>& got, const std::vector<std::string>& allowed, const char* flag) {
+  for (const std::string& g : got)
+    COMET_REQUIRE(std::find(allowed.begin(), allowed.end(), g) != allowed.end(), flag, ": unknown value '", g, "'");
+}
+
+std::string default_out() {
+  char stamp[32];
+  const std::time_t now = std::time(nullptr);
+  std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+  return std::string("bench/results/comet_bench_") + stamp + ".json";
+}
+
+}  // namespace
+
+bool BenchOptions::has_layer(const std::string& l) const {
+  return std::find(layers.begin(), layers.end(), l) != layers.end();
+}
+bool BenchOptions::has_system(const std::string& s) const {
+  return std::find(systems.begin(), systems.end(), s) != systems.end();
+}
+
+BenchOptions parse_options(int argc, char** argv) {
+  BenchOptions o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  // --quick first, so that the flags given with it refine it.
+  if (std::find(args.begin(), args.end(), "--quick") != args.end()) {
+    o.quick = true;
+    o.models = {"mixtral", "qwen2"};
+    o.layouts = {"ep8"};
+    o.links = {"host"};
+    o.routings = {"uniform"};
+    o.tokens = {1024, 4096};
+    o.n_comm = {1, 2, 4};
+    o.chunks = {2, 4};
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      COMET_REQUIRE(i + 1 < args.size(), a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      std::exit(0);
+    } else if (a == "--quick") {
+    } else if (a == "--models") {
+      o.models = split(value());
+    } else if (a == "--layouts") {
+      o.layouts = split(value());
+    } else if (a == "--links") {
+      o.links = split(value());
+      require_subset(o.links, {"host", "device"}, "--links");
+    } else if (a == "--routings") {
+      o.routings = split(value());
+      require_subset(o.routings, {"uniform", "zipf1.2", "one_expert"}, "--routings");
+    } else if (a == "--tokens") {
+      o.tokens = split_ints(value(), a);
+    } else if (a == "--n-comm") {
+      o.n_comm = split_ints(value(), a);
+    } else if (a == "--layers") {
+      o.layers = split(value());
+      require_subset(o.layers, {"l0", "l1", "fwd"}, "--layers");
+    } else if (a == "--systems") {
+      o.systems = split(value());
+      require_subset(o.systems, {"cublas", "comet", "sequential", "chunked"}, "--systems");
+    } else if (a == "--chunks") {
+      o.chunks = split_ints(value(), a);
+    } else if (a == "--chunk-comm-blocks") {
+      o.chunk_comm_blocks = to_int(value(), a);
+    } else if (a == "--tile-n") {
+      o.tile_n = to_int(value(), a);
+    } else if (a == "--reps") {
+      o.reps = to_int(value(), a);
+    } else if (a == "--warmup") {
+      o.warmup = to_int(value(), a);
+    } else if (a == "--comm-all") {
+      o.comm_all = true;
+    } else if (a == "--mem-limit-gib") {
+      o.mem_limit_gib = std::stod(value());
+    } else if (a == "--host-limit-gib") {
+      o.host_limit_gib = std::stod(value());
+    } else if (a == "--seed") {
+      o.seed = std::stoull(value());
+    } else if (a == "--out") {
+      o.out = value();
+    } else if (a == "--commit") {
+      o.commit = value();
+    } else if (a == "--estimate") {
+      o.estimate_only = true;
+    } else {
+      throw InvalidArgument(detail::concat("unknown flag '", a, "' (see --help)"));
+    }
+  }
+  for (int t : o.tokens) COMET_REQUIRE(t >= 1, "--tokens: values must be >= 1");
+  for (int n : o.n_comm) COMET_REQUIRE(n >= 1, "--n-comm: values must be >= 1");
+  for (int c : o.chunks) COMET_REQUIRE(c >= 1, "--chunks: values must be >= 1");
+  COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 256, "--tile-n must be 128 or 256");
+  COMET_REQUIRE(o.reps >= 1 && o.warmup >= 0, "--reps must be >= 1 and --warmup >= 0");
+  COMET_REQUIRE(o.chunk_comm_blocks >= 1, "--chunk-comm-blocks must be >= 1");
+  std::sort(o.tokens.begin(), o.tokens.end());
+  o.tokens.erase(std::unique(o.tokens.begin(), o.tokens.end()), o.tokens.end());
+  if (o.out.empty()) o.out = default_out();
+  if (o.commit.empty()) {
+    const char* env = std::getenv("COMET_COMMIT");
+    o.commit = env && *env ? env : "unknown";
+  }
+  return o;
+}
+
+}  // namespace comet::bench

@@ -1,0 +1,39 @@
+// Command line of comet-bench (see usage() in bench_options.cpp for the flags and their defaults).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace comet::bench {
+
+struct BenchOptions {
+  std::vector<std::string> models{"mixtral", "qwen2", "phi35", "qwen57", "deepseek"};
+  std::vector<std::string> layouts{"ep8", "tp8", "ep4tp2"};
+  std::vector<std::string> links{"host", "device"};
+  std::vector<std::string> routings{"uniform", "zipf1.2"};
+  std::vector<int> tokens{1024, 2048, 4096, 8192, 16384};
+  std::vector<int> n_comm{1, 2, 4, 8, 16, 24, 32};
+  std::vector<std::string> layers{"l0", "l1", "fwd"};
+  std::vector<std::string> systems{"cublas", "comet", "sequential", "chunked"};
+  std::vector<int> chunks{2, 4, 8};
+  int chunk_comm_blocks = 16;
+  int tile_n = 256;
+  int reps = 10;
+  int warmup = 2;
+  bool comm_all = false;       // comm_only at every n_comm of the sweep (default: at the best fused one)
+  bool estimate_only = false;  // print the cases, what is skipped and the time estimate; run nothing
+  double mem_limit_gib = 0;    // device memory the benchmark may use; 0: free memory less 6 GiB
+  double host_limit_gib = 96;  // pinned host memory (link=host puts the exported buffers there)
+  unsigned long long seed = 1;
+  std::string out;     // JSON path; the markdown table goes next to it (.md)
+  std::string commit;  // --commit, else $COMET_COMMIT, else "unknown"
+  bool quick = false;
+
+  bool has_layer(const std::string& l) const;
+  bool has_system(const std::string& s) const;
+};
+
+// Parses argv; prints usage and exits on --help; throws InvalidArgument on bad flags.
+BenchOptions parse_options(int argc, char** argv);
+
+}  // namespace comet::bench

@@ -1,0 +1,351 @@
+#include "group_runner.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <numeric>
+
+#include "comet/cuda_check.hpp"
+#include "device_fill.hpp"
+
+namespace comet::bench {
+namespace {
+
+LayerVariant variant(int tile_n, int n_comm) { return LayerVariant{tile_n, n_comm, 0, 1}; }  // m_group: auto
+
+double tflops(double flops, double ms) { return flops / (ms * 1e-3) / 1e12; }
+double gb_s(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
+
+uint64_t seed_of(uint64_t seed, const std::string& a, long long b, long long c) {
+  uint64_t h = seed * 0x9E3779B97F4A7C15ull;
+  for (char ch : a) h = (h ^ uint64_t(ch)) * 0x100000001B3ull;
+  h = (h ^ uint64_t(b)) * 0x100000001B3ull;
+  return (h ^ uint64_t(c)) * 0x100000001B3ull;
+}
+
+}  // namespace
+
+GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const Layout& layout, Link link,
+                         int max_tokens, int max_rows)
+    : o_(options), model_(model), layout_(layout), link_(link), timer_(options.reps) {
+  const MoeShape& s = model.shape;
+  const Parallel& p = layout.par;
+  const int W = p.world(), H = s.hidden, k = s.topk, el = p.local_experts(s), fs = p.ffn_shard(s);
+  const int n0 = is_gated(s.act) ? 2 * fs : fs;
+  team_ = std::make_unique<LocalTeam>(W, link);
+  MoeOptions mo;
+  mo.layer0 = variant(o_.tile_n, 2);
+  mo.layer1 = variant(o_.tile_n, 4);
+  moe_ = std::make_unique<FusedMoe>(*team_, s, p, MoeCapacity{max_tokens, max_rows}, mo);
+  // Rank 0's weights only, shared by every rank: only rank 0 computes, the others stage their tokens.
+  w0_ = testing::DeviceBuffer(size_t(el) * n0 * H * 2);
+  w1_ = testing::DeviceBuffer(size_t(el) * H * fs * 2);
+  cudaStream_t s0 = team_->stream(0);
+  fill_random_bf16(w0_.get(), size_t(el) * n0 * H, 1.5f / std::sqrt(float(H)), seed_of(o_.seed, model.name, 0, 0), s0);
+  fill_random_bf16(w1_.get(), size_t(el) * H * fs, 1.5f / std::sqrt(float(s.ffn)), seed_of(o_.seed, model.name, 1, 0), s0);
+  for (int r = 0; r < W; ++r) {
+    Rank rank;
+    rank.x = testing::DeviceBuffer(size_t(max_tokens) * H * 2);
+    rank.ids = testing::DeviceBuffer(size_t(max_tokens) * k * 4);
+    rank.gates = testing::DeviceBuffer(size_t(max_tokens) * k * 4);
+    rank.out = testing::DeviceBuffer(size_t(max_tokens) * H * 2);
+    ranks_.push_back(std::move(rank));
+  }
+  COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
+  SequentialOptions so;
+  so.tile_n = o_.tile_n;
+  seq_ = std::make_unique<SequentialMoe>(*moe_, so);
+  ChunkedOptions co;
+  co.tile_n = o_.tile_n;
+  co.comm_blocks = o_.chunk_comm_blocks;
+  chunked_ = std::make_unique<ChunkedMoe>(*moe_, co);
+  for (int r = 0; r < W; ++r) {
+    seq_->set_weights(r, w0_.get(), w1_.get());
+    chunked_->set_weights(r, w0_.get(), w1_.get());
+  }
+}
+
+GroupRunner::~GroupRunner() {
+  try {
+    team_->synchronize();
+  } catch (...) {
+  }
+}
+
+Timing GroupRunner::time(const std::function<void()>& pre, const std::function<void()>& fn) {
+  return timer_.measure(team_->stream(0), warmup_, o_.reps, pre, fn, [&] { moe_->sync_and_check(); });
+}
+
+void GroupRunner::stage_case(const CaseInput& in) {
+  const int W = layout_.par.world(), H = model_.shape.hidden;
+  cudaStream_t s0 = team_->stream(0);
+  case_seed_ = seed_of(o_.seed, model_.name + in.routing, in.tokens, 7);
+  for (int r = 0; r < W; ++r) {
+    ranks_[r].ids.upload((*in.ranks)[r].ids);
+    ranks_[r].gates.upload((*in.ranks)[r].gates);
+    fill_random_bf16(ranks_[r].x.get(), size_t(in.tokens) * H, 1.0f, case_seed_ + r, s0);
+  }
+  COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
+  for (int r = 0; r < W; ++r) {
+    const Rank& d = ranks_[r];
+    moe_->stage(r, RankBatch{in.tokens, d.x.get(), d.ids.as<int32_t>(), d.gates.as<float>(), d.out.get()});
+  }
+  team_->barrier();  // every rank's tokens and routing are in its exported buffers
+}
+
+Record GroupRunner::base(const CaseInput& in, const std::string& layer, const std::string& system) const {
+  Record r;
+  r.key = CaseKey{model_.name,    layout_.name, layout_.par.world(), layout_.par.ep, layout_.par.tp,
+                  to_string(link_), in.tokens,   in.routing};
+  r.layer = layer;
+  r.system = system;
+  r.tile_n = o_.tile_n;
+  return r;
+}
+
+void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
+  warmup_ = in.warmup;
+  stage_case(in);
+  FusedMoe& moe = *moe_;
+  SequentialMoe& seq = *seq_;
+  ChunkedMoe& chunked = *chunked_;
+  const MoeShape& s = model_.shape;
+  const int W = layout_.par.world(), H = s.hidden, fs = layout_.par.ffn_shard(s), tn = o_.tile_n;
+  const int n0_cols = is_gated(s.act) ? 2 * fs : fs;
+  const Rank& d0 = ranks_[0];
+  const RankBatch b0{in.tokens, d0.x.get(), d0.ids.as<int32_t>(), d0.gates.as<float>(), d0.out.get()};
+
+  // Rank 0's plan, a complete A (every remote row pulled) and valid hidden rows for GEMM-only timings.
+  seq.prepare(0);
+  if (W > 1) moe.layer0(0, LayerMode::comm_only, variant(tn, moe.max_blocks(0, tn) - 1));
+  seq.gemm0(0);
+  seq.activation(0);
+  moe.sync_and_check();
+  const std::vector<int>& er = seq.expert_rows(0);
+  const long long rows = std::accumulate(er.begin(), er.end(), 0LL);
+  int32_t units = 0, local_units = 0;
+  COMET_CUDA_CHECK(cudaMemcpy(&units, moe.plan(0).view().num_units, 4, cudaMemcpyDeviceToHost));
+  COMET_CUDA_CHECK(cudaMemcpy(&local_units, moe.plan(0).view().num_local_units, 4, cudaMemcpyDeviceToHost));
+  const long long remote = units - local_units;
+  if (rows != in.stats.rank0_rows || remote != in.stats.rank0_remote_units)
+    std::fprintf(stderr, "  warning: device plan has %lld rows / %lld remote units, host count %lld / %lld\n", rows,
+                 remote, in.stats.rank0_rows, in.stats.rank0_remote_units);
+  const double flops0 = 2.0 * rows * n0_cols * H, flops1 = 2.0 * rows * H * fs;
+  const double link_bytes = double(remote) * H * 2;  // layer 0: pulled rows; layer 1: shipped partial rows
+  auto stamp = [&](Record r, const Timing& t, double flops, bool comm) {
+    r.median_ms = t.median_ms;
+    r.min_ms = t.min_ms;
+    r.max_ms = t.max_ms;
+    r.samples = t.samples;
+    if (flops > 0) r.tflops = tflops(flops, t.median_ms);
+    if (comm) r.gb_s = gb_s(r.layer == "fwd" ? 2 * link_bytes : link_bytes, t.median_ms);
+    r.rows = rows;
+    r.link_rows = remote;
+    out.push_back(r);
+  };
+
+  const bool L0 = o_.has_layer("l0"), L1 = o_.has_layer("l1"), FWD = o_.has_layer("fwd");
+  const bool want_cublas = o_.has_system("cublas"), want_comet = o_.has_system("comet");
+  const bool want_seq = o_.has_system("sequential"), want_chunked = o_.has_system("chunked");
+  std::string line;  // the progress line
+  auto note = [&](const char* fmt, double a, double b = 0) {
+    char buf[96];
+    std::snprintf(buf, sizeof(buf), fmt, a, b);
+    line += buf;
+  };
+
+  // ---- cuBLAS alone on rank 0's exact grouped problems, both paths; the faster one serves the baselines.
+  GemmPath best_path[2] = {GemmPath::grouped, GemmPath::grouped};
+  for (int layer = 0; layer < 2; ++layer) {
+    const bool wanted = layer == 0 ? L0 : L1;
+    if (!(want_cublas && wanted) && !((want_seq || want_chunked) && (wanted || FWD))) continue;
+    Timing t[2];
+    for (GemmPath path : {GemmPath::grouped, GemmPath::loop}) {
+      (layer == 0 ? seq.options().gemm0 : seq.options().gemm1) = path;
+      t[int(path)] = time(nullptr, [&] { layer == 0 ? seq.gemm0(0) : seq.gemm1(0); });
+    }
+    const GemmPath best = t[1].median_ms < t[0].median_ms ? GemmPath::loop : GemmPath::grouped;
+    best_path[layer] = best;
+    if (want_cublas && wanted) {
+      Record r = base(in, layer == 0 ? "l0" : "l1", "cublas");
+      r.cublas_path = to_string(best);
+      r.other_path_ms = t[1 - int(best)].median_ms;
+      stamp(r, t[int(best)], layer == 0 ? flops0 : flops1, false);
+      note(layer == 0 ? " cublas l0 %.3f" : " l1 %.3f", t[int(best)].median_ms);
+    }
+  }
+  seq.options().gemm0 = chunked.options().gemm0 = best_path[0];
+  seq.options().gemm1 = chunked.options().gemm1 = best_path[1];
+
+  // ---- comet: gemm_only, the fused n_comm sweep, comm_only at the best n_comm (or every one).
+  int best_n[2] = {moe.options().layer0.n_comm, moe.options().layer1.n_comm};
+  if (want_comet) {
+    for (int layer = 0; layer < 2; ++layer) {
+      if (!(layer == 0 ? L0 : L1)) continue;
+      const char* name = layer == 0 ? "l0" : "l1";
+      const double flops = layer == 0 ? flops0 : flops1;
+      const int limit = moe.max_blocks(layer, tn);
+      // Layer 0 re-runs prepare (a new epoch, and the pull refills A); layer 1 needs only a new epoch.
+      auto pre = [&] { layer == 0 ? moe.prepare(0) : moe.advance_epoch(0); };
+      auto run = [&](LayerMode mode, int n) {
+        return [&moe, layer, mode, tn, n] {
+          layer == 0 ? moe.layer0(0, mode, variant(tn, n)) : moe.layer1(0, mode, variant(tn, n));
+        };
+      };
+      const Timing gemm = time(nullptr, run(LayerMode::gemm_only, 0));
+      Record g = base(in, name, "comet");
+      g.mode = "gemm_only";
+      g.n_comm = 0;
+      stamp(g, gemm, flops, false);
+      std::map<int, Timing> fused, comm;
+      for (int n : o_.n_comm) {
+        if (n >= limit) continue;
+        fused[n] = time(pre, run(LayerMode::fused, n));
+      }
+      if (fused.empty()) continue;
+      int best = fused.begin()->first;
+      for (const auto& [n, t] : fused)
+        if (t.median_ms < fused[best].median_ms) best = n;
+      best_n[layer] = best;
+      for (const auto& [n, t] : fused) {
+        if (!o_.comm_all && n != best) continue;
+        comm[n] = time(pre, run(LayerMode::comm_only, n));
+      }
+      for (const auto& [n, t] : comm) {
+        Record c = base(in, name, "comet");
+        c.mode = "comm_only";
+        c.n_comm = n;
+        stamp(c, t, 0, true);
+      }
+      for (const auto& [n, t] : fused) {
+        Record f = base(in, name, "comet");
+        f.mode = "fused";
+        f.n_comm = n;
+        f.best = n == best;
+        if (comm.count(n)) {
+          f.overlap_efficiency = t.median_ms / std::max(gemm.median_ms, comm[n].median_ms);
+          f.t_seq_ms = gemm.median_ms + comm[n].median_ms;
+        }
+        stamp(f, t, flops, true);
+      }
+      line += std::string(" | comet ") + name;
+      note(" gemm %.3f fused %.3f", gemm.median_ms, fused[best].median_ms);
+      note(" (n=%.0f) eff %.2f", best, fused[best].median_ms / std::max(gemm.median_ms, comm[best].median_ms));
+    }
+  }
+
+  // ---- sequential: dispatch + GEMM0 + activation, GEMM1 + combine, each step on the whole GPU.
+  if (want_seq && (L0 || L1)) {
+    seq.prepare(0);
+    if (L0) {
+      const Timing t = time([&] { moe.prepare(0); }, [&] { seq.layer0(0); });
+      Record r = base(in, "l0", "sequential");
+      r.cublas_path = to_string(best_path[0]);
+      stamp(r, t, flops0, true);
+      note(" | seq l0 %.3f", t.median_ms);
+    }
+    if (L1) {
+      const Timing t = time(nullptr, [&] { seq.layer1(0); });
+      Record r = base(in, "l1", "sequential");
+      r.cublas_path = to_string(best_path[1]);
+      stamp(r, t, flops1, true);
+      note(" l1 %.3f", t.median_ms);
+    }
+  }
+
+  // ---- chunked: each C (as used: at most W-1 remote chunks), the best one per layer reported.
+  int best_c = o_.chunks.front();
+  if (want_chunked && (L0 || L1 || FWD)) {
+    struct ChunkTimes {
+      int requested = 0;
+      Timing l0, l1;
+    };
+    std::map<int, ChunkTimes> by_used;
+    for (int c : o_.chunks) {
+      chunked.options().chunks = c;
+      moe.prepare(0);
+      chunked.setup(0);
+      const int used = chunked.chunks(0);
+      if (by_used.count(used)) continue;
+      ChunkTimes ct;
+      ct.requested = c;
+      if (L0) ct.l0 = time([&] { moe.prepare(0); }, [&] { chunked.layer0(0); });
+      if (L1) ct.l1 = time(nullptr, [&] { chunked.layer1(0); });
+      by_used[used] = ct;
+    }
+    for (int layer = 0; layer < 2 && !by_used.empty(); ++layer) {
+      if (!(layer == 0 ? L0 : L1)) continue;
+      auto pick = [&](const ChunkTimes& c) { return layer == 0 ? c.l0 : c.l1; };
+      auto best = by_used.begin();
+      for (auto it = by_used.begin(); it != by_used.end(); ++it)
+        if (pick(it->second).median_ms < pick(best->second).median_ms) best = it;
+      Record r = base(in, layer == 0 ? "l0" : "l1", "chunked");
+      r.chunks = best->first;
+      r.chunks_requested = best->second.requested;
+      r.cublas_path = to_string(best_path[layer]);
+      stamp(r, pick(best->second), layer == 0 ? flops0 : flops1, true);
+      note(layer == 0 ? " | chunked l0 %.3f (C=%.0f)" : " l1 %.3f (C=%.0f)", pick(best->second).median_ms, best->first);
+    }
+    // The forward uses the C with the least l0 + l1 time.
+    double least = 1e30;
+    for (const auto& [used, ct] : by_used) {
+      const double sum = ct.l0.median_ms + ct.l1.median_ms;
+      if (sum < least) {
+        least = sum;
+        best_c = ct.requested;
+      }
+    }
+  }
+
+  // ---- the whole forward of rank 0: prepare, layer 0, layer 1, final reduce.
+  if (FWD) {
+    if (want_comet) {
+      const int n0 = best_n[0], n1 = best_n[1];
+      const Timing t = time(nullptr, [&] {
+        moe.prepare(0);
+        moe.layer0(0, LayerMode::fused, variant(tn, n0));
+        moe.layer1(0, LayerMode::fused, variant(tn, n1));
+        moe.finish(0, b0);
+      });
+      Record r = base(in, "fwd", "comet");
+      r.mode = "fused";
+      r.n_comm = n0;
+      r.n_comm_l1 = n1;
+      r.best = true;
+      stamp(r, t, flops0 + flops1, true);
+      note(" | fwd comet %.3f", t.median_ms);
+    }
+    if (want_seq) {
+      const Timing t = time(nullptr, [&] {
+        seq.prepare(0);  // reads the row counts: a host synchronisation inside the timed region
+        seq.layer0(0);
+        seq.layer1(0);
+        moe.finish(0, b0);
+      });
+      Record r = base(in, "fwd", "sequential");
+      r.cublas_path = std::string(to_string(best_path[0])) + "/" + to_string(best_path[1]);
+      stamp(r, t, flops0 + flops1, true);
+      note(" seq %.3f", t.median_ms);
+    }
+    if (want_chunked) {
+      chunked.options().chunks = best_c;
+      moe.prepare(0);
+      chunked.setup(0);  // the host reads the plan once per routing: not part of the timed forward
+      const Timing t = time(nullptr, [&] {
+        moe.prepare(0);
+        chunked.run(0);
+        moe.finish(0, b0);
+      });
+      Record r = base(in, "fwd", "chunked");
+      r.chunks = chunked.chunks(0);
+      r.chunks_requested = best_c;
+      r.cublas_path = std::string(to_string(best_path[0])) + "/" + to_string(best_path[1]);
+      stamp(r, t, flops0 + flops1, true);
+      note(" chunked %.3f", t.median_ms);
+    }
+  }
+  std::fprintf(stderr, "   %s\n", line.c_str());
+}
+
+}  // namespace comet::bench

@@ -1,0 +1,61 @@
+// One (model, layout, link) group: the team, the layer and both baselines, built once at the group's
+// largest capacity, and the measurements of every case (routing, tokens per rank) run on it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_options.hpp"
+#include "bench_routing.hpp"
+#include "comet/baselines.hpp"
+#include "comet/fused_moe.hpp"
+#include "event_timer.hpp"
+#include "models.hpp"
+#include "records.hpp"
+#include "support/device_buffer.hpp"
+
+namespace comet::bench {
+
+struct CaseInput {
+  std::string routing;
+  int tokens = 0;
+  const std::vector<testing::RankRouting>* ranks = nullptr;  // every rank's routing
+  RoutingStats stats;
+  int warmup = 0;  // from the time estimate (1 for huge cases)
+};
+
+class GroupRunner {
+ public:
+  GroupRunner(const BenchOptions& options, const Model& model, const Layout& layout, Link link, int max_tokens,
+              int max_rows);
+  ~GroupRunner();
+
+  // Measures every system and layer the options ask for on one case; appends the records.
+  void run_case(const CaseInput& input, std::vector<Record>& out);
+
+ private:
+  struct Rank {
+    testing::DeviceBuffer x, ids, gates, out;
+  };
+  // Every measurement of a case goes through here (rank 0's stream, median of the options' repeats).
+  Timing time(const std::function<void()>& pre, const std::function<void()>& fn);
+  void stage_case(const CaseInput& input);
+  Record base(const CaseInput& input, const std::string& layer, const std::string& system) const;
+
+  const BenchOptions& o_;
+  Model model_;
+  Layout layout_;
+  Link link_;
+  std::unique_ptr<LocalTeam> team_;
+  std::unique_ptr<FusedMoe> moe_;
+  testing::DeviceBuffer w0_, w1_;
+  std::vector<Rank> ranks_;
+  std::unique_ptr<SequentialMoe> seq_;
+  std::unique_ptr<ChunkedMoe> chunked_;
+  EventTimer timer_;
+  int warmup_ = 0;
+  uint64_t case_seed_ = 0;
+};
+
+}  // namespace comet::bench

@@ -1,0 +1,58 @@
+// Benchmark results in DESIGN.md section 5's format: one record per measured case and system, written
+// as a JSON list, and a markdown table of the same results (one row per case and layer).
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace comet::bench {
+
+// What identifies a case: every record of one case shares it.
+struct CaseKey {
+  std::string model;
+  std::string layout;  // ep8, tp8, ep4tp2
+  int world = 0, ep = 0, tp = 0;
+  std::string link;  // host, device
+  int tokens_per_rank = 0;
+  std::string routing;  // uniform, zipf1.2, one_expert
+};
+
+struct Record {
+  CaseKey key;
+  std::string layer;   // l0, l1, fwd
+  std::string system;  // cublas, sequential, chunked, comet
+  double median_ms = 0;
+  std::optional<double> tflops;  // over the real rows; none for comm-only records
+  // comet only
+  std::optional<int> n_comm;
+  std::string mode;  // gemm_only, comm_only, fused ("" for other systems)
+  // extras
+  std::optional<double> gb_s;                 // bytes that crossed the link / time (comm-only, fused, baselines)
+  std::optional<double> overlap_efficiency;   // fused: T_fused / max(T_gemm, T_comm at the same n_comm)
+  std::optional<double> t_seq_ms;             // fused: T_comm + T_gemm at the same n_comm
+  std::optional<int> chunks;                  // chunked: remote chunks used
+  std::optional<int> chunks_requested;
+  std::string cublas_path;                    // cublas / baselines: grouped or loop
+  std::optional<double> other_path_ms;        // cublas: the slower path's median
+  std::optional<int> n_comm_l1;               // comet fwd: layer 1's n_comm (n_comm holds layer 0's)
+  bool best = false;                          // comet fused: the best n_comm of its sweep
+  int tile_n = 0;
+  int samples = 0;
+  double min_ms = 0, max_ms = 0;
+  long long rows = 0;         // rank 0's real rows
+  long long link_rows = 0;    // rows that crossed the link (layer 0: pulled units; layer 1: shipped partials)
+};
+
+struct RunInfo {
+  std::string gpu;
+  std::string commit;
+};
+
+std::string to_json(const std::vector<Record>& records, const RunInfo& info);
+std::string to_markdown(const std::vector<Record>& records, const RunInfo& info);
+
+// Writes the JSON and, next to it (extension .md), the markdown table; creates the folder.
+void write_results(const std::string& json_path, const std::vector<Record>& records, const RunInfo& info);
+
+}  // namespace comet::bench

@@ -10,6 +10,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "bench_options.hpp"
@@ -42,13 +43,13 @@ struct PlannedGroup {
   double seconds = 0;  // estimate, setup included
 };
 
-// Every rank's routing for (routing kind, tokens) of the current model, made once and shared by the
+// Every rank's routing for (routing kind, tokens, world) of one model, made once and shared by the
 // model's layouts and links.
-using RoutingCache = std::map<std::pair<std::string, int>, std::vector<testing::RankRouting>>;
+using RoutingCache = std::map<std::tuple<std::string, int, int>, std::vector<testing::RankRouting>>;
 
 const std::vector<testing::RankRouting>& routing_for(RoutingCache& cache, const BenchOptions& o, const Model& m,
                                                      int world, const std::string& kind, int tokens) {
-  auto key = std::make_pair(kind, tokens);
+  auto key = std::make_tuple(kind, tokens, world);
   auto it = cache.find(key);
   if (it == cache.end()) {
     uint64_t seed = o.seed;

@@ -229,6 +229,18 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         }
         stamp(f, t, flops, true);
       }
+      // The tuner's pick for this layer (table, else cost model): a record of its own, "tuned": true.
+      const TunedVariant tuned = moe.resolve(layer, 0, variant(tn, -1));
+      const int tn_comm = tuned.variant.n_comm;
+      if (tn_comm >= 0 && tn_comm < limit) {
+        const Timing t = fused.count(tn_comm) ? fused[tn_comm] : time(pre, run(LayerMode::fused, tn_comm));
+        Record f = base(in, name, "comet");
+        f.mode = "fused";
+        f.n_comm = tn_comm;
+        f.tuned = true;
+        f.picked_by = tuned.picked_by;
+        stamp(f, t, flops, true);
+      }
       line += std::string(" | comet ") + name;
       note(" gemm %.3f fused %.3f", gemm.median_ms, fused[best].median_ms);
       note(" (n=%.0f) eff %.2f", best, fused[best].median_ms / std::max(gemm.median_ms, comm[best].median_ms));
@@ -315,6 +327,22 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       r.best = true;
       stamp(r, t, flops0 + flops1, true);
       note(" | fwd comet %.3f", t.median_ms);
+      // What a user gets without choosing: the tuner's picks for both layers.
+      const TunedVariant t0 = moe.resolve(0, 0, variant(tn, -1)), t1 = moe.resolve(1, 0, variant(tn, -1));
+      const Timing tt = (t0.variant.n_comm == n0 && t1.variant.n_comm == n1) ? t : time(nullptr, [&] {
+        moe.prepare(0);
+        moe.layer0(0, LayerMode::fused, t0.variant);
+        moe.layer1(0, LayerMode::fused, t1.variant);
+        moe.finish(0, b0);
+      });
+      Record tr = base(in, "fwd", "comet");
+      tr.mode = "fused";
+      tr.n_comm = t0.variant.n_comm;
+      tr.n_comm_l1 = t1.variant.n_comm;
+      tr.tuned = true;
+      tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by;
+      stamp(tr, tt, flops0 + flops1, true);
+      note(" tuned %.3f", tt.median_ms);
     }
     if (want_seq) {
       const Timing t = time(nullptr, [&] {

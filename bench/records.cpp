@@ -105,6 +105,8 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     if (!r.cublas_path.empty()) o.str("cublas_path", r.cublas_path);
     o.optional("other_path_ms", r.other_path_ms);
     if (r.best) o.raw("best", "true");
+    if (r.tuned) o.raw("tuned", "true");
+    if (!r.picked_by.empty()) o.str("picked_by", r.picked_by);
     o.integer("tile_n", r.tile_n);
     o.integer("samples", r.samples);
     o.number("min_ms", r.min_ms);
@@ -132,8 +134,9 @@ std::string to_markdown(const std::vector<Record>& records, const RunInfo& info)
         "T_comm: its comm blocks alone at the best fused n_comm; T_seq = T_gemm + T_comm; efficiency = "
         "T_fused / max(T_gemm, T_comm) (1.0 is perfect overlap). Speedup = baseline time / comet time.\n\n"
      << "| model | layout | link | routing | tokens | layer | cublas (path) | T_gemm | T_comm | T_seq | "
-        "T_fused (n_comm) | efficiency | sequential | chunked (C) | speedup vs sequential | speedup vs chunked |\n"
-     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+        "T_fused (n_comm) | efficiency | tuned (n_comm) | sequential | chunked (C) | speedup vs sequential | "
+        "speedup vs chunked |\n"
+     << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const std::string& k : order) {
     const auto& rs = by_case[k];
     for (const char* layer : {"l0", "l1", "fwd"}) {
@@ -147,6 +150,9 @@ std::string to_markdown(const std::vector<Record>& records, const RunInfo& info)
       const Record* gemm = find("comet", "gemm_only", false);
       const Record* fused = find("comet", "fused", true);
       const Record* seq = find("sequential", "", false);
+      const Record* tuned = nullptr;
+      for (const Record* r : rs)
+        if (r->layer == std::string(layer) && r->system == "comet" && r->tuned) tuned = r;
       const Record* chunked = find("chunked", "", false);
       const Record* comm = nullptr;
       if (fused)
@@ -167,8 +173,15 @@ std::string to_markdown(const std::vector<Record>& records, const RunInfo& info)
       } else {
         os << "-";
       }
-      os << " | " << (fused && fused->overlap_efficiency ? fixed2(*fused->overlap_efficiency) : "-")
-         << " | " << (seq ? ms(seq->median_ms) : "-") << " | "
+      os << " | " << (fused && fused->overlap_efficiency ? fixed2(*fused->overlap_efficiency) : "-") << " | ";
+      if (tuned) {
+        os << ms(tuned->median_ms) << " (" << tuned->n_comm.value_or(-1);
+        if (tuned->n_comm_l1) os << "/" << *tuned->n_comm_l1;
+        os << ")";
+      } else {
+        os << "-";
+      }
+      os << " | " << (seq ? ms(seq->median_ms) : "-") << " | "
          << (chunked ? ms(chunked->median_ms) + " (" + std::to_string(chunked->chunks.value_or(0)) + ")" : "-") << " | "
          << (seq ? ratio(seq->median_ms, comet_ms) : "-") << " | " << (chunked ? ratio(chunked->median_ms, comet_ms) : "-")
          << " |\n";

@@ -37,6 +37,8 @@ struct Record {
   std::optional<double> other_path_ms;        // cublas: the slower path's median
   std::optional<int> n_comm_l1;               // comet fwd: layer 1's n_comm (n_comm holds layer 0's)
   bool best = false;                          // comet fused: the best n_comm of its sweep
+  bool tuned = false;                         // comet fused: the tuner's pick (n_comm < 0 resolved)
+  std::string picked_by;                      // tuned: "table" or "cost_model" (fwd: layer 0 / layer 1)
   int tile_n = 0;
   int samples = 0;
   double min_ms = 0, max_ms = 0;

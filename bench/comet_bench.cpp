@@ -5,6 +5,7 @@
 // section 5) and a markdown table, rewritten after every case so that an interrupted run keeps its data.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <map>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "bench_options.hpp"
+#include "comet/cuda_check.hpp"
 #include "bench_routing.hpp"
 #include "group_runner.hpp"
 #include "memory_plan.hpp"
@@ -171,18 +173,37 @@ int run(int argc, char** argv) {
   auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
   size_t done = 0;
   int failures_in_a_row = 0;
-  for (const PlannedGroup& g : groups) {
+  for (PlannedGroup& g : groups) {
     RoutingCache& cache = caches[g.model.name];
     std::unique_ptr<GroupRunner> runner;
-    try {
-      runner = std::make_unique<GroupRunner>(o, g.model, g.layout, g.link, g.max_tokens, g.max_rows);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "FAILED to build %s %s %s: %s\n", g.model.name.c_str(), g.layout.name.c_str(),
-                   to_string(g.link), e.what());
-      done += g.cases.size();
-      if (++failures_in_a_row >= 3) break;
-      continue;
+    // The memory plan is an estimate: if the layer does not fit after all, drop the largest case and
+    // build again (an out-of-memory error leaves the context usable).
+    while (!g.cases.empty() && !runner) {
+      try {
+        runner = std::make_unique<GroupRunner>(o, g.model, g.layout, g.link, g.max_tokens, g.max_rows);
+      } catch (const CudaError& e) {
+        auto largest = std::max_element(g.cases.begin(), g.cases.end(), [](const PlannedCase& a, const PlannedCase& b) {
+          return std::make_pair(a.stats.max_padded_rows, a.tokens) < std::make_pair(b.stats.max_padded_rows, b.tokens);
+        });
+        std::fprintf(stderr, "could not build %s %s %s at T_cap %d, rows_cap %d (%s); skipping %s T=%d\n",
+                     g.model.name.c_str(), g.layout.name.c_str(), to_string(g.link), g.max_tokens, g.max_rows, e.what(),
+                     largest->routing.c_str(), largest->tokens);
+        g.cases.erase(largest);
+        ++done;
+        g.max_tokens = g.max_rows = 0;
+        for (const PlannedCase& c : g.cases) {
+          g.max_tokens = std::max(g.max_tokens, c.tokens);
+          g.max_rows = std::max(g.max_rows, c.stats.max_padded_rows);
+        }
+        cudaGetLastError();  // clear the (non-sticky) allocation error
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "FAILED to build %s %s %s: %s\n", g.model.name.c_str(), g.layout.name.c_str(),
+                     to_string(g.link), e.what());
+        done += g.cases.size();
+        g.cases.clear();
+      }
     }
+    if (!runner) continue;
     for (const PlannedCase& c : g.cases) {
       ++done;
       std::fprintf(stderr, "[%zu/%zu %.0fs] %s %s %s %s T=%d (rows %lld, remote %lld)\n", done, n_cases, elapsed(),
@@ -195,6 +216,7 @@ int run(int argc, char** argv) {
         failures_in_a_row = 0;
       } catch (const std::exception& e) {
         std::fprintf(stderr, "   FAILED: %s\n", e.what());
+        runner->recover();
         if (++failures_in_a_row >= 3) break;
       }
       write_results(o.out, records, info);

@@ -73,6 +73,14 @@ GroupRunner::~GroupRunner() {
   }
 }
 
+void GroupRunner::recover() {
+  try {
+    team_->synchronize();
+  } catch (const std::exception&) {
+  }
+  for (int r = 0; r < layout_.par.world(); ++r) team_->clear_status(r);
+}
+
 Timing GroupRunner::time(const std::function<void()>& pre, const std::function<void()>& fn) {
   return timer_.measure(team_->stream(0), warmup_, o_.reps, pre, fn, [&] { moe_->sync_and_check(); });
 }

@@ -33,6 +33,9 @@ class GroupRunner {
 
   // Measures every system and layer the options ask for on one case; appends the records.
   void run_case(const CaseInput& input, std::vector<Record>& out);
+  // After a failed case: drains the streams and clears the ranks' device status (a recorded timeout
+  // would otherwise fail every later case).
+  void recover();
 
  private:
   struct Rank {

@@ -37,13 +37,14 @@ struct System {
   bool chunked;
   int chunks;
   GemmPath path;
+  bool check_layers;  // also compare the hidden rows and expert outputs (CPU-heavy: two systems per case)
 };
 
 const System kSystems[] = {
-    {"sequential_grouped", false, 0, GemmPath::grouped}, {"sequential_loop", false, 0, GemmPath::loop},
-    {"chunked2_grouped", true, 2, GemmPath::grouped},    {"chunked2_loop", true, 2, GemmPath::loop},
-    {"chunked4_grouped", true, 4, GemmPath::grouped},    {"chunked4_loop", true, 4, GemmPath::loop},
-    {"chunked8_grouped", true, 8, GemmPath::grouped},    {"chunked8_loop", true, 8, GemmPath::loop},
+    {"sequential_grouped", false, 0, GemmPath::grouped, true}, {"sequential_loop", false, 0, GemmPath::loop, false},
+    {"chunked2_grouped", true, 2, GemmPath::grouped, false},   {"chunked2_loop", true, 2, GemmPath::loop, false},
+    {"chunked4_grouped", true, 4, GemmPath::grouped, false},   {"chunked4_loop", true, 4, GemmPath::loop, true},
+    {"chunked8_grouped", true, 8, GemmPath::grouped, false},   {"chunked8_loop", true, 8, GemmPath::loop, false},
 };
 
 // The problem and each rank's device data, shared by the systems of a case.
@@ -162,7 +163,7 @@ TEST_P(BaselinesCase, MatchesReference) {
     Layer l(p, c.link);
     const auto got = run_system(p, l, sys);
     check_outputs(p, ref, got, sys.name);
-    check_layers(p, l, sys.name);
+    if (sys.check_layers) check_layers(p, l, sys.name);
   }
 }
 

@@ -12,6 +12,9 @@
 #include "comet/cuda_check.hpp"
 #include "comet/team.hpp"
 #include "ipc/ipc_cases.hpp"
+#if COMET_IPC_FUSED
+#include "ipc/ops/ipc_fused.hpp"
+#endif
 #include "support/socket_rendezvous.hpp"
 #include "support/team_exchange.hpp"
 
@@ -160,6 +163,10 @@ int run_checks(int rank, int world, comet::testing::SocketRendezvous& rv, Checks
     check_graph_barrier(team, c);
     check_round(team, buf, 3, c);  // the team works again after the timeout and the graph replays
     team.synchronize();
+#if COMET_IPC_FUSED
+    const std::string fused = check_fused_layer(team);
+    c.expect(fused.empty(), fused);
+#endif
     rv.barrier();  // every rank is done with every peer's memory before any handle is closed
   }
   rv.barrier();

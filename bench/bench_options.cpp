@@ -100,7 +100,7 @@ BenchOptions parse_options(int argc, char** argv) {
     o.links = {"host"};
     o.routings = {"uniform"};
     o.tokens = {1024, 4096};
-    o.n_comm = {1, 2, 4};
+    o.n_comm = {2, 4, 8, 16};
     o.chunks = {2, 4};
   }
   for (size_t i = 0; i < args.size(); ++i) {

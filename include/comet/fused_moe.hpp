@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "comet/device_plan.hpp"
@@ -121,6 +122,8 @@ class FusedMoe {
   std::string gpu_name_;
   int sms_ = 0;
   mutable int max_blocks_[2][2] = {};  // [layer][tile_n == 256]: resident grid, queried once
+  // Tuner picks by (layer, tokens bucket, tile_n): a launch re-resolves in a hash lookup.
+  mutable std::unordered_map<uint64_t, TunedVariant> picks_;
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
 };
 

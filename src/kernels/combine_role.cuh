@@ -3,16 +3,18 @@
 // partial row slice into the token owner's receive slot for this rank. The owner later sums the slots
 // in rank order (final_reduce), so the result is bitwise reproducible whatever n_comm or timing is.
 //
-// Work items are (column chunk n of 256 columns, unit u), n-major, so early columns ship first while
-// the compute blocks make the next ones. A chunk covers 256 / TileN GEMM column blocks, whose done
-// flags are all checked. Each comm warp takes kBatch consecutive items at a time: lanes first load the
-// batch's metadata in parallel (rows, gates, owners: no chains of dependent loads), then every lane
-// loads its 8 columns (16 bytes) of all the batch's rows for one slot at a time, so kBatch loads are
-// in flight per lane.
+// Work items are (column chunk of 256 columns, unit), chunk-major, so early columns ship first while
+// the compute blocks make the next ones; a chunk covers 256 / TileN GEMM column blocks, whose done
+// flags are all checked. Each comm warp takes batches of items (batch x k row slices of 512 bytes).
+// The combine is latency-bound (measured on the H200: ~9 GB/s per block with register loads, slower
+// still beside the GEMM), so the slices travel with cp.async into a per-warp double buffer: batch t+1's
+// loads are in flight while batch t is summed, and no registers are held by loads in flight. Every
+// lane only ever touches its own 16 bytes of each slice, so the buffer needs no cross-lane ordering.
 #pragma once
 
 #include <cuda_bf16.h>
 
+#include "kernels/bulk_copy.cuh"
 #include "kernels/layer_args.hpp"
 #include "team/device_wait.cuh"
 
@@ -36,15 +38,29 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&acc)[8]) {
   return out;
 }
 
-// Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
-// smem: kCombineSmemPerWarp bytes per warp of the block.
-constexpr int kCombineBatch = 8;  // items per warp iteration
-constexpr int kCombineSmemPerWarp = kCombineBatch * kMaxTopK * 8;
+// Shared memory of the combine: per warp, two buffers of up to kCombineSlices row slices of 512 bytes
+// (as many as the kernel's shared memory holds for all warps of the block).
+constexpr int kCombineSlices = 16;
+constexpr int kCombineSliceBytes = 512;  // 256 columns of bf16: 32 lanes x 16 bytes
 
+__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dev::smem_address(smem_dst)), "l"(gmem_src)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
+// The launcher checks that smem_bytes holds at least k slices x 2 per warp.
 __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, int32_t epoch,
-                                        bool wait_done, char* smem, const TeamDeviceView& team) {
-  constexpr int kBatch = kCombineBatch;
-  constexpr int kChunk = 256;  // columns per item: 32 lanes x 8
+                                        bool wait_done, char* smem, int smem_bytes, const TeamDeviceView& team) {
+  constexpr int kChunk = 256;  // columns per item
+  const int k = c.topk;
+  const int slices = min(kCombineSlices, smem_bytes / (int(blockDim.x / 32) * 2 * kCombineSliceBytes));
+  const int batch = max(1, min(8, slices / k));  // items per batch: batch * k <= slices
   const int sub_blocks = kChunk / c.tile_n;
   const int n_chunks = (c.hidden + kChunk - 1) / kChunk;
   const int lane = threadIdx.x % 32;
@@ -55,79 +71,91 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   const int units = (c.unit_end >= 0 ? min(c.unit_end, *c.plan.num_units) : *c.plan.num_units) - unit0;
   if (units <= 0) return;
   const long long items = (long long)units * n_chunks;
-  const int k = c.topk;
-  // This warp's staging of the batch's rows and gates: [b][j].
-  int32_t* rows_s = reinterpret_cast<int32_t*>(smem + (threadIdx.x / 32) * kCombineSmemPerWarp);
-  float* gates_s = reinterpret_cast<float*>(rows_s + kBatch * kMaxTopK);
+  const long long n_batches = (items + batch - 1) / batch;
+  char* buffers = smem + (threadIdx.x / 32) * 2 * slices * kCombineSliceBytes;
 
-  for (long long first = (long long)warp_id * kBatch; first < items; first += (long long)n_warps * kBatch) {
-    const int batch = int(items - first < kBatch ? items - first : kBatch);
-    auto unit_of = [&](int b) { return unit0 + int((first + b) % units); };
-    auto chunk_of = [&](int b) { return int((first + b) / units); };
-    // 1. Metadata, all loads independent: lane b: owner and token of item b; lanes over (b, j):
-    //    slot j's row and gate.
-    int my_owner = 0, my_token = 0;
-    if (lane < batch) {
-      my_owner = c.plan.unit_src[unit_of(lane)];
-      my_token = c.plan.unit_token[unit_of(lane)];
+  // What a batch needs after its loads: per (item b, slot j) pair p = b * k + j, lane p holds row and
+  // gate; lane b holds the item's owner, token and column chunk.
+  struct Batch {
+    long long first = 0;
+    int count = 0;
+    int row = -1, owner = 0, token = 0, chunk = 0;
+    float gate = 0.f;
+  };
+  // Loads the batch's metadata, waits for its tiles, and starts its slice copies into buffer `buf`.
+  auto issue = [&](long long t, int buf) {
+    Batch b;
+    b.first = t * batch;
+    b.count = int(items - b.first < batch ? items - b.first : batch);
+    auto unit_of = [&](int i) { return unit0 + int((b.first + i) % units); };
+    if (lane < b.count) {
+      b.owner = c.plan.unit_src[unit_of(lane)];
+      b.token = c.plan.unit_token[unit_of(lane)];
+      b.chunk = int((b.first + lane) / units);
     }
-    for (int p = lane; p < batch * k; p += 32) {
-      const int b = p / k, j = p % k;
-      rows_s[b * kMaxTopK + j] = c.plan.unit_rows[size_t(unit_of(b)) * k + j];
-      gates_s[b * kMaxTopK + j] = c.plan.unit_gates[size_t(unit_of(b)) * k + j];
+    if (lane < b.count * k) {
+      const int u = unit_of(lane / k);
+      b.row = c.plan.unit_rows[size_t(u) * k + lane % k];
+      b.gate = c.plan.unit_gates[size_t(u) * k + lane % k];
     }
-    __syncwarp();
-    // 2. Wait until every row slice of the batch is done (lanes poll different flags in parallel).
-    if (wait_done) {
-      for (int idx = lane; idx < batch * k * sub_blocks; idx += 32) {
-        const int b = idx / (k * sub_blocks), j = (idx / sub_blocks) % k;
-        const int row = rows_s[b * kMaxTopK + j];
-        const int n = chunk_of(b) * sub_blocks + idx % sub_blocks;
-        if (row < 0 || n >= c.n_blocks) continue;
-        const int flag = (row / c.tile_m) * c.n_blocks + n;
+    if (wait_done) {  // lane p waits for the GEMM column blocks of its slice
+      const int chunk = int((b.first + lane / k) / units);
+      for (int q = 0; q < sub_blocks && b.row >= 0; ++q) {
+        const int n = chunk * sub_blocks + q;
+        if (n >= c.n_blocks) break;
+        const int flag = (b.row / c.tile_m) * c.n_blocks + n;
         dev::wait_flag_gpu(&c.tile_done[flag], epoch, team, WaitSite::tile_done, flag);
       }
-      __syncwarp();  // lanes' acquires now cover the whole warp's reads below
+      __syncwarp();  // the lanes' acquires cover the whole warp's copies below
     }
-    // 3. Weighted sum over each unit's slots, fp32, fixed slot order; two slots' loads in flight.
-    float acc[kBatch][8];
-    int col[kBatch];
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-#pragma unroll
-      for (int i = 0; i < 8; ++i) acc[b][i] = 0.f;
-      col[b] = b < batch ? chunk_of(b) * kChunk + lane * 8 : c.hidden;  // c.hidden: inactive
+    char* dst = buffers + buf * slices * kCombineSliceBytes + lane * 16;
+    for (int p = 0; p < b.count * k; ++p) {
+      const int row = __shfl_sync(0xffffffffu, b.row, p);
+      const int col = __shfl_sync(0xffffffffu, b.chunk, p / k) * kChunk + lane * 8;
+      if (row >= 0 && col < c.hidden) cp_async_16(dst + p * kCombineSliceBytes, c.y + size_t(row) * c.hidden + col);
     }
-    for (int j = 0; j < k; j += 2) {
-      uint4 v0[kBatch], v1[kBatch];
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        if (col[b] >= c.hidden) continue;
-        const int r0 = rows_s[b * kMaxTopK + j];
-        const int r1 = j + 1 < k ? rows_s[b * kMaxTopK + j + 1] : -1;
-        if (r0 >= 0) v0[b] = *reinterpret_cast<const uint4*>(c.y + size_t(r0) * c.hidden + col[b]);
-        if (r1 >= 0) v1[b] = *reinterpret_cast<const uint4*>(c.y + size_t(r1) * c.hidden + col[b]);
+    cp_async_commit();
+    return b;
+  };
+  // Sums the batch's slices (fp32, slot order) and ships the partial rows.
+  auto finish = [&](const Batch& b, int buf) {
+    const char* src = buffers + buf * slices * kCombineSliceBytes + lane * 16;
+    for (int i = 0; i < b.count; ++i) {
+      const int col = __shfl_sync(0xffffffffu, b.chunk, i) * kChunk + lane * 8;
+      const int owner = __shfl_sync(0xffffffffu, b.owner, i);
+      const int token = __shfl_sync(0xffffffffu, b.token, i);
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      for (int j = 0; j < k; ++j) {
+        const int row = __shfl_sync(0xffffffffu, b.row, i * k + j);
+        const float gate = __shfl_sync(0xffffffffu, b.gate, i * k + j);
+        if (row >= 0 && col < c.hidden)
+          accumulate_bf16x8(acc, *reinterpret_cast<const uint4*>(src + (i * k + j) * kCombineSliceBytes), gate);
       }
-#pragma unroll
-      for (int b = 0; b < kBatch; ++b) {
-        if (col[b] >= c.hidden) continue;
-        if (rows_s[b * kMaxTopK + j] >= 0) accumulate_bf16x8(acc[b], v0[b], gates_s[b * kMaxTopK + j]);
-        if (j + 1 < k && rows_s[b * kMaxTopK + j + 1] >= 0)
-          accumulate_bf16x8(acc[b], v1[b], gates_s[b * kMaxTopK + j + 1]);
-      }
-    }
-    // 4. Ship: the owner's slot for this rank (or this rank's own partial buffer).
-#pragma unroll
-    for (int b = 0; b < kBatch; ++b) {
-      const int owner = __shfl_sync(0xffffffffu, my_owner, b);
-      const int token = __shfl_sync(0xffffffffu, my_token, b);
-      if (col[b] >= c.hidden) continue;
+      if (col >= c.hidden) continue;
       __nv_bfloat16* dst = owner == c.rank
                                ? c.self_partial + size_t(token) * c.hidden
                                : c.peer_recv[owner] + (size_t(c.rank) * c.max_tokens + token) * c.hidden;
-      *reinterpret_cast<uint4*>(dst + col[b]) = pack_bf16x8(acc[b]);
+      *reinterpret_cast<uint4*>(dst + col) = pack_bf16x8(acc);
     }
-    __syncwarp();  // the staging is rewritten by the next batch
+  };
+
+  // Batches warp_id, warp_id + n_warps, ...: two in flight (double buffer).
+  long long t = warp_id;
+  if (t >= n_batches) return;
+  Batch current = issue(t, 0);
+  for (int buf = 0;; buf ^= 1) {
+    const long long next = t + n_warps;
+    Batch upcoming;
+    if (next < n_batches) {
+      upcoming = issue(next, buf ^ 1);
+      cp_async_wait<1>();  // the current batch's copies are done; the next one's stay in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    finish(current, buf);
+    if (next >= n_batches) break;
+    current = upcoming;
+    t = next;
   }
 }
 

@@ -3,7 +3,8 @@
 //
 // Comm block b of n_comm takes units begin + b, begin + b + n_comm, ... so that all comm blocks
 // advance through the pull order together (tiles become ready in tile_order). Three warps, joined by
-// shared-memory rings whose slots are handed over with mbarriers (arrive = release, wait = acquire):
+// shared-memory rings whose slots are handed over with mbarriers (arrive = release, wait = acquire;
+// every thread that touches a slot waits and arrives itself, so each access is ordered by a barrier):
 //   prefetcher (warp 2)  loads the units' metadata (source row address, destination rows), 32 units
 //       a slot, so the issuer never waits on a global load.
 //   issuer (warp 0, one thread)  moves rows with Hopper bulk copies: the row crosses the link ONCE
@@ -156,10 +157,9 @@ __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int s
   const int lane = threadIdx.x % 32;
   for (int slot = 0; slot * kMetaSlotUnits < count; ++slot) {
     const int s = slot % kMetaSlots;
-    bool ok = true;
-    if (lane == 0 && slot >= kMetaSlots) ok = wait_phase(sm.meta_empty(s), ((slot / kMetaSlots) - 1) & 1, team, -100 - slot);
-    if (!__shfl_sync(0xffffffffu, ok, 0)) return;
-    __syncwarp();  // lane 0's acquire of the slot covers the whole warp
+    // Every lane waits and arrives itself: each lane's own accesses are ordered by the barrier.
+    bool ok = slot < kMetaSlots || wait_phase(sm.meta_empty(s), ((slot / kMetaSlots) - 1) & 1, team, -100 - slot);
+    if (!__all_sync(0xffffffffu, ok)) return;
     const int i = slot * kMetaSlotUnits + lane;
     if (i < count) {
       const int u = first + i * stride;
@@ -170,8 +170,7 @@ __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int s
       meta[1] = int32_t(uint32_t(src >> 32));
       for (int j = 0; j < d.topk; ++j) meta[2 + j] = d.plan.unit_rows[size_t(u) * d.topk + j];
     }
-    __syncwarp();
-    if (lane == 0) dev::mbarrier_arrive(sm.meta_full(s));
+    dev::mbarrier_arrive(sm.meta_full(s));  // 32 arrivals complete the phase
   }
 }
 
@@ -183,10 +182,8 @@ __device__ inline void publish_rows(const DispatchArgs& d, int count, int32_t ep
   const int k = d.topk;
   for (int slot = 0; slot * kPubSlotUnits < count; ++slot) {
     const int s = slot % kPubSlots;
-    bool ok = true;
-    if (lane == 0) ok = wait_phase(sm.pub_full(s), (slot / kPubSlots) & 1, team, -2000 - slot);
-    if (!__shfl_sync(0xffffffffu, ok, 0)) return;  // the issuer stalled or the rank aborted
-    __syncwarp();  // lane 0's acquire of the slot covers the whole warp
+    const bool ok = wait_phase(sm.pub_full(s), (slot / kPubSlots) & 1, team, -2000 - slot);  // every lane
+    if (!__all_sync(0xffffffffu, ok)) return;  // the issuer stalled or the rank aborted
     const int32_t* data = sm.pub_slot(s);
     const int n = data[0];
     __threadfence();  // the rows (visible to the generic proxy since the issuer's fence) before our counts
@@ -202,8 +199,7 @@ __device__ inline void publish_rows(const DispatchArgs& d, int count, int32_t ep
         dev::st_release_gpu(&d.tile_ready[m], epoch);
       }
     }
-    __syncwarp();
-    if (lane == 0) dev::mbarrier_arrive(sm.pub_empty(s));
+    dev::mbarrier_arrive(sm.pub_empty(s));  // 32 arrivals complete the phase
   }
 }
 
@@ -220,12 +216,12 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kMaxStages; ++s) dev::mbarrier_init(sm.load_bar(s), 1);
     for (int s = 0; s < kMetaSlots; ++s) {
-      dev::mbarrier_init(sm.meta_full(s), 1);
-      dev::mbarrier_init(sm.meta_empty(s), 1);
+      dev::mbarrier_init(sm.meta_full(s), 32);  // the prefetcher's lanes
+      dev::mbarrier_init(sm.meta_empty(s), 1);  // the issuer
     }
     for (int s = 0; s < kPubSlots; ++s) {
-      dev::mbarrier_init(sm.pub_full(s), 1);
-      dev::mbarrier_init(sm.pub_empty(s), 1);
+      dev::mbarrier_init(sm.pub_full(s), 1);    // the issuer
+      dev::mbarrier_init(sm.pub_empty(s), 32);  // the publisher's lanes
     }
     dev::fence_mbarrier_init();
   }

@@ -76,7 +76,11 @@ void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
   p.n_compute = compute_blocks(lim, p.n_comm, l.mode);
   p.m_group = l.m_group;
   p.n_group = l.n_group;
+  p.smem_bytes = Cfg::kSharedBytes;
   p.wait_done = l.mode == Mode::fused;
+  // The combine stages k row slices per warp, twice, in the GEMM's shared memory.
+  COMET_REQUIRE(p.n_comm == 0 || Cfg::kSharedBytes >= Cfg::kThreads / 32 * 2 * kCombineSliceBytes * l.combine.topk,
+                "fused layer 1: top-", l.combine.topk, " needs more shared memory for the combine than the tile leaves");
   p.team = l.team;
   const int grid = p.n_comm + p.n_compute;
   if (grid == 0) return;

@@ -25,6 +25,7 @@ struct Layer1Params {
   int n_compute;
   int m_group;
   int n_group;
+  int smem_bytes;
   bool wait_done;
   TeamDeviceView team;
 };
@@ -75,7 +76,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_c
   extern __shared__ __align__(1024) char smem[];
   const int32_t epoch = *p.epoch;
   if (int(blockIdx.x) < p.n_comm) {
-    run_combine_role(p.combine, blockIdx.x, p.n_comm, epoch, p.wait_done, smem, p.team);
+    run_combine_role(p.combine, blockIdx.x, p.n_comm, epoch, p.wait_done, smem, p.smem_bytes, p.team);
     return;
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;

@@ -212,11 +212,14 @@ TuneKey FusedMoe::tune_key(int layer, int tokens_per_rank) const {
 TunedVariant FusedMoe::resolve(int layer, int rank, const LayerVariant& v) const {
   if (v.n_comm >= 0) return TunedVariant{v, "forced"};
   const int tokens = std::max(1, state(rank).tokens);
+  const uint64_t memo = (uint64_t(layer) << 40) | (uint64_t(v.tile_n) << 32) | uint64_t(tokens_bucket(tokens));
+  if (const auto it = picks_.find(memo); it != picks_.end()) return it->second;
   const TuneKey key = tune_key(layer, tokens);
   TunedVariant t = pick_variant(table_, key, expected_work(shape_, par_, layer, tokens, v.tile_n), v);
   // The pick must leave compute blocks on this device (a table from another GPU could ask for more).
   t.variant.n_comm = std::min(t.variant.n_comm, max_blocks(layer, t.variant.tile_n) - 1);
   if (par_.world() == 1) t.variant.n_comm = layer == 0 ? 0 : t.variant.n_comm;  // nothing to pull
+  picks_[memo] = t;
   return t;
 }
 

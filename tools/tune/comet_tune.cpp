@@ -1,0 +1,229 @@
+// comet-tune: fills the tuner's table (TuneTable::default_path(), or --table) for model configs.
+//
+//   comet-tune --model mixtral --layout ep8 --link host --tokens 1024,4096 [--n-comm 1,2,4,8,16,24,32]
+//       measures on this GPU: runs comet-bench's comet sweep (fused at every n_comm, comm-only at every
+//       n_comm, gemm-only) for the config, then records the best variant per (layer, tokens bucket) and
+//       calibrates the cost model (GEMM rate per SM, per-block comm rates, link ceiling)
+//   comet-tune --from-results a.json [b.json ...]
+//       the same from benchmark results already measured (any machine)
+//   comet-tune --lookup-overhead
+//       how long a pick takes (table hit, cost model), on the host
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "comet/tune.hpp"
+#include "models.hpp"
+
+using namespace comet;
+using nlohmann::json;
+
+namespace {
+
+struct Args {
+  std::string table = TuneTable::default_path();
+  std::vector<std::string> results;
+  std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "1,2,4,8,16,24,32";
+  int sms = 0;  // 0: from the records' GPU (132 for an H200)
+  bool lookup_overhead = false;
+};
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int sms_of(const std::string& gpu, int forced) {
+  if (forced > 0) return forced;
+  return gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos ? 132 : 132;
+}
+
+// Best fused variant per key and the calibrated cost model per (gpu, link), from benchmark records.
+void fill_from_results(const std::vector<json>& records, const Args& a, TuneTable& table) {
+  struct Best {
+    TuneKey key;
+    LayerVariant v;
+    double ms = 1e30;
+  };
+  std::map<std::string, Best> best;
+  std::map<std::string, std::vector<double>> gemm_rate, l0_block, l1_block, link;  // by gpu|link
+  for (const json& r : records) {
+    if (r.value("system", "") != "comet" || r.value("routing", "") != "uniform") continue;
+    const std::string layer = r.value("layer", "");
+    if (layer != "l0" && layer != "l1") continue;
+    const std::string gpu = r.value("gpu", "?"), lk = r.value("link", "host");
+    const std::string mode = r.value("mode", "");
+    const int sms = sms_of(gpu, a.sms);
+    const std::string model_key = gpu + '|' + lk;
+    if (mode == "gemm_only" && r.contains("tflops") && r["tflops"].is_number())
+      gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
+    if (mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
+      const double gbs = r["gb_s"].get<double>();
+      const int n = r.value("n_comm", 1);
+      link[model_key].push_back(gbs);
+      if (n <= 2) (layer == "l0" ? l0_block : l1_block)[model_key].push_back(gbs / n);
+    }
+    if (mode != "fused" || r.value("tuned", false)) continue;
+    const bench::Model& m = bench::find_model(r.value("model", ""));
+    TuneKey k;
+    k.gpu = gpu;
+    k.sms = sms;
+    k.layer = layer == "l0" ? 0 : 1;
+    k.hidden = m.shape.hidden;
+    k.ffn = m.shape.ffn;
+    k.experts = m.shape.num_experts;
+    k.topk = m.shape.topk;
+    k.world = r.value("world", 8);
+    k.ep = r.value("ep", 8);
+    k.tp = r.value("tp", 1);
+    k.link = parse_link(lk);
+    k.tokens_bucket = tokens_bucket(r.value("tokens_per_rank", 0));
+    Best& b = best[k.str()];
+    const double ms = r.value("median_ms", 1e30);
+    if (ms < b.ms) b = Best{k, LayerVariant{r.value("tile_n", 256), r.value("n_comm", 1), 0, 1}, ms};
+  }
+  for (const auto& [s, b] : best) {
+    table.put(b.key, TuneEntry{b.v, b.ms});
+    std::printf("  %-78s n_comm %2d  tile %d  %.3f ms\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms);
+  }
+  for (const auto& [mk, rates] : gemm_rate) {
+    const std::string gpu = mk.substr(0, mk.rfind('|'));
+    const Link lk = parse_link(mk.substr(mk.rfind('|') + 1));
+    CostModel c = CostModel::defaults(lk);
+    c.gemm_tflops_per_sm = median(rates);
+    if (!l0_block[mk].empty()) c.l0_block_gbps = median(l0_block[mk]);
+    if (!l1_block[mk].empty()) c.l1_block_gbps = median(l1_block[mk]);
+    if (!link[mk].empty()) c.link_gbps = *std::max_element(link[mk].begin(), link[mk].end());
+    table.set_model(gpu, lk, c);
+    std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM, layer-0 block %.1f GB/s, layer-1 block %.1f GB/s, "
+                "link %.1f GB/s\n", mk.c_str(), c.gemm_tflops_per_sm, c.l0_block_gbps, c.l1_block_gbps, c.link_gbps);
+  }
+}
+
+std::vector<json> read_records(const std::string& path) {
+  std::ifstream in(path);
+  COMET_REQUIRE(bool(in), "comet-tune: cannot read ", path);
+  json j;
+  in >> j;
+  COMET_REQUIRE(j.is_array(), "comet-tune: ", path, " is not a list of benchmark records");
+  return j.get<std::vector<json>>();
+}
+
+// Runs comet-bench (next to this executable: ../bench/comet-bench) for the config; returns its JSON path.
+std::string measure(const Args& a, const char* argv0) {
+  const std::filesystem::path self = std::filesystem::canonical(std::filesystem::path(argv0).is_absolute()
+                                                                    ? std::filesystem::path(argv0)
+                                                                    : std::filesystem::current_path() / argv0);
+  const std::string bench = (self.parent_path().parent_path() / "bench" / "comet-bench").string();
+  const std::string out = (std::filesystem::temp_directory_path() / ("comet-tune-" + std::to_string(getpid()) + ".json")).string();
+  std::vector<std::string> cmd{bench,       "--models", a.model,          "--layouts",  a.layout,  "--links", a.link,
+                               "--routings", "uniform", "--tokens",       a.tokens,     "--n-comm", a.n_comm,
+                               "--systems",  "comet",   "--layers",       "l0,l1",      "--comm-all", "--out", out};
+  std::fprintf(stderr, "comet-tune: measuring with %s (its progress follows)\n", bench.c_str());
+  std::vector<char*> argv;
+  for (auto& s : cmd) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execv(argv[0], argv.data());
+    std::perror("comet-tune: exec comet-bench");
+    _exit(127);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  COMET_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "comet-tune: comet-bench failed");
+  return out;
+}
+
+void lookup_overhead() {
+  TuneTable t;
+  TuneKey k;
+  k.gpu = "NVIDIA H200";
+  k.sms = 132;
+  k.hidden = 4096, k.ffn = 14336, k.experts = 8, k.topk = 2, k.world = 8, k.ep = 8, k.tp = 1, k.link = Link::host;
+  for (int b = 256; b <= 65536; b *= 2)
+    for (int layer = 0; layer < 2; ++layer) {
+      k.layer = layer;
+      k.tokens_bucket = b;
+      t.put(k, TuneEntry{LayerVariant{256, 4, 0, 1}, 1.0});
+    }
+  const MoeShape s{4096, 14336, 8, 2, Activation::swiglu};
+  const Parallel p{8, 1};
+  auto time_picks = [&](int bucket, const char* what) {
+    k.tokens_bucket = bucket;
+    const int n = 200000;
+    int sink = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < n; ++i) {
+      k.layer = i & 1;
+      sink += pick_variant(t, k, expected_work(s, p, k.layer, 4096, 256), LayerVariant{256, -1, 0, 1}).variant.n_comm;
+    }
+    const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
+    std::printf("  %-28s %.0f ns per pick (key, expected work, lookup or model)%s\n", what, ns, sink == 42 ? " " : "");
+  };
+  std::printf("comet-tune: host cost of choosing a variant (done once per layer launch, no device sync)\n");
+  time_picks(4096, "table hit:");
+  time_picks(1 << 20, "table miss (cost model):");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string s = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) throw InvalidArgument(s + " needs a value");
+      return argv[++i];
+    };
+    if (s == "--table") a.table = value();
+    else if (s == "--from-results") {
+      while (i + 1 < argc && argv[i + 1][0] != '-') a.results.push_back(argv[++i]);
+    } else if (s == "--model") a.model = value();
+    else if (s == "--layout") a.layout = value();
+    else if (s == "--link") a.link = value();
+    else if (s == "--tokens") a.tokens = value();
+    else if (s == "--n-comm") a.n_comm = value();
+    else if (s == "--sms") a.sms = std::atoi(value().c_str());
+    else if (s == "--lookup-overhead") a.lookup_overhead = true;
+    else {
+      std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
+                           " | --from-results JSON...) [--table PATH] | --lookup-overhead\n");
+      return s == "-h" || s == "--help" ? 0 : 2;
+    }
+  }
+  try {
+    if (a.lookup_overhead) {
+      lookup_overhead();
+      return 0;
+    }
+    if (!a.model.empty()) a.results.push_back(measure(a, argv[0]));
+    if (a.results.empty()) throw InvalidArgument("comet-tune: nothing to do (--model or --from-results)");
+    std::vector<json> records;
+    for (const auto& p : a.results) {
+      auto r = read_records(p);
+      records.insert(records.end(), r.begin(), r.end());
+    }
+    TuneTable table = TuneTable::load(a.table);
+    std::printf("comet-tune: %zu records -> %s\n", records.size(), a.table.c_str());
+    fill_from_results(records, a, table);
+    table.save(a.table);
+    std::printf("comet-tune: table holds %zu entries\n", table.size());
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -36,23 +36,32 @@ struct LayerWork {
   int layer = 0;
   double flops = 0;       // GEMM flops over the real rows
   double link_bytes = 0;  // bytes that cross the link (remote rows pulled, or partial rows shipped)
+  double link_rows = 0;   // rows that cross it (a comm block's cost is per row, whatever its size)
   int column_groups = 1;  // layer 1: groups of column blocks the comm ships in turn
 };
 
 // Expected work of one rank for a shape, layout and tokens per rank under uniform routing.
 LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n);
 
-// Rates measured on one GPU and link (comet-tune --calibrate fills them; defaults are H200 readings).
+// The cost model, with rates measured on one GPU and link (comet-tune calibrates them from a sweep;
+// the defaults are H200 readings over the host link, bench/results/h200_host_full_a.json):
+//   T_gemm = flops / (gemm rate per SM x compute blocks)
+//   T_comm = bytes / R(n), where one comm block moves a row every row_us (measured: the same time for
+//            4 KB and 8 KB rows, i.e. a block is latency-bound, not byte-bound) and n blocks approach the
+//            link's ceiling smoothly: R(n) = ((n b)^-4 + link^-4)^(-1/4), b = row bytes / row_us
+//   T_fused = max(T_gemm, T_comm) + overlap_penalty x min(T_gemm, T_comm)
 struct CostModel {
-  double gemm_tflops_per_sm = 5.5;  // bf16 GEMM rate of one SM in the fused kernel
-  double l0_block_gbps = 13.0;      // what one layer-0 comm block pulls
-  double l1_block_gbps = 9.0;       // what one layer-1 comm block ships
-  double link_gbps = 46.0;          // ceiling of the link, all blocks together
+  double gemm_tflops_per_sm = 4.6;  // bf16 GEMM rate of one SM in the fused kernel
+  double l0_row_us = 0.55;          // a layer-0 comm block: time per pulled row
+  double l1_row_us = 0.80;          // a layer-1 comm block: time per shipped partial row
+  double link_gbps = 50.0;          // ceiling of the link, all blocks together
+  double overlap_penalty = 0.3;     // the part of the shorter side that does not hide
 
   static CostModel defaults(Link link);
   // Predicted time (ms) of the fused layer with n_comm comm blocks out of `sms`.
   double predict_ms(const LayerWork& w, int n_comm, int sms) const;
-  // The n_comm in [1, 40 % of sms] with the least predicted time.
+  // The candidate n_comm (2, 4, 8, 16, 32, at most 40 % of sms) with the least predicted time; the
+  // fewest blocks among those within 1 % of it.
   int best_n_comm(const LayerWork& w, int sms) const;
 };
 

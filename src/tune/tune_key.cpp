@@ -32,6 +32,7 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
   LayerWork w;
   w.layer = layer;
   w.link_bytes = remote_units * H * 2;
+  w.link_rows = remote_units;
   if (layer == 0) {
     w.flops = 2.0 * rows * s.w0_rows() / p.tp * H;
   } else {

@@ -54,9 +54,10 @@ TuneTable TuneTable::load(const std::string& path) {
       const json& m = item.value();
       CostModel c;
       c.gemm_tflops_per_sm = m.at("gemm_tflops_per_sm").get<double>();
-      c.l0_block_gbps = m.at("l0_block_gbps").get<double>();
-      c.l1_block_gbps = m.at("l1_block_gbps").get<double>();
+      c.l0_row_us = m.at("l0_row_us").get<double>();
+      c.l1_row_us = m.at("l1_row_us").get<double>();
       c.link_gbps = m.at("link_gbps").get<double>();
+      c.overlap_penalty = m.value("overlap_penalty", c.overlap_penalty);
       t.models_[item.key()] = c;
     }
   } catch (const std::exception& e) {
@@ -77,9 +78,10 @@ void TuneTable::save(const std::string& path) const {
   j["models"] = json::object();
   for (const auto& [key, m] : models_) {
     j["models"][key] = json{{"gemm_tflops_per_sm", m.gemm_tflops_per_sm},
-                            {"l0_block_gbps", m.l0_block_gbps},
-                            {"l1_block_gbps", m.l1_block_gbps},
-                            {"link_gbps", m.link_gbps}};
+                            {"l0_row_us", m.l0_row_us},
+                            {"l1_row_us", m.l1_row_us},
+                            {"link_gbps", m.link_gbps},
+                            {"overlap_penalty", m.overlap_penalty}};
   }
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());

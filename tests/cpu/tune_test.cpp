@@ -51,9 +51,10 @@ TEST(TuneTable, SavesAndLoadsEntriesAndModels) {
   t.put(key_for(1, 4096), TuneEntry{LayerVariant{128, 8, 0, 2}, 1.5});
   CostModel m;
   m.gemm_tflops_per_sm = 5.25;
-  m.l0_block_gbps = 21;
-  m.l1_block_gbps = 9.5;
+  m.l0_row_us = 0.5;
+  m.l1_row_us = 0.9;
   m.link_gbps = 47;
+  m.overlap_penalty = 0.25;
   t.set_model("NVIDIA H200", Link::host, m);
   t.save(path);
   const TuneTable u = TuneTable::load(path);
@@ -66,9 +67,11 @@ TEST(TuneTable, SavesAndLoadsEntriesAndModels) {
   EXPECT_DOUBLE_EQ(e->ms, 1.5);
   EXPECT_EQ(u.find(key_for(1, 8192)), nullptr);
   const CostModel v = u.model("NVIDIA H200", Link::host);
-  EXPECT_DOUBLE_EQ(v.l0_block_gbps, 21);
+  EXPECT_DOUBLE_EQ(v.l0_row_us, 0.5);
+  EXPECT_DOUBLE_EQ(v.l1_row_us, 0.9);
   EXPECT_DOUBLE_EQ(v.link_gbps, 47);
-  EXPECT_DOUBLE_EQ(u.model("other", Link::host).l0_block_gbps, CostModel::defaults(Link::host).l0_block_gbps);
+  EXPECT_DOUBLE_EQ(v.overlap_penalty, 0.25);
+  EXPECT_DOUBLE_EQ(u.model("other", Link::host).l0_row_us, CostModel::defaults(Link::host).l0_row_us);
   std::filesystem::remove(path);
 }
 
@@ -91,28 +94,35 @@ TEST(TuneTable, DefaultPathFollowsTheEnvironment) {
 
 TEST(CostModel, MoreBytesPerFlopAsksForMoreCommBlocks) {
   const CostModel m = CostModel::defaults(Link::host);
-  LayerWork w{0, 2e12, 0, 1};
+  LayerWork w{0, 2e12, 0, 0, 1};
   int last = 0;
-  for (double bytes : {1e6, 1e7, 3e7, 6e7, 1.2e8}) {  // same GEMM, more and more to pull
-    w.link_bytes = bytes;
+  for (double rows : {1e2, 1e3, 4e3, 8e3, 2e4}) {  // same GEMM, more and more 8 KB rows to pull
+    w.link_rows = rows;
+    w.link_bytes = rows * 8192;
     const int n = m.best_n_comm(w, 132);
-    EXPECT_GE(n, last) << bytes;
+    EXPECT_GE(n, last) << rows;
     last = n;
   }
-  EXPECT_GT(last, 1);
-  // Past the link ceiling more blocks buy nothing: the pick stops growing.
-  w.link_bytes = 1e10;
-  EXPECT_LE(m.best_n_comm(w, 132), int(m.link_gbps / m.l0_block_gbps) + 1);
+  EXPECT_GT(last, 2);
+  // Smaller rows cost a block the same time each: the same bytes in 4 KB rows never need fewer blocks,
+  // and a block's predicted transfer takes twice as long.
+  LayerWork small{0, 2e11, 8e3 * 4096, 8e3, 1}, large{0, 2e11, 4e3 * 8192, 4e3, 1};
+  EXPECT_GE(m.best_n_comm(small, 132), m.best_n_comm(large, 132));
+  LayerWork small_comm = small, large_comm = large;
+  small_comm.flops = large_comm.flops = 0;
+  EXPECT_NEAR(m.predict_ms(small_comm, 1, 132) / m.predict_ms(large_comm, 1, 132), 2.0, 0.05);
+  // Nothing to move: the fewest blocks.
+  EXPECT_EQ(m.best_n_comm(LayerWork{1, 1e12, 0, 0, 16}, 132), 2);
 }
 
 TEST(CostModel, PredictionIsTheLongerSideWhenOneDominates) {
   const CostModel m = CostModel::defaults(Link::host);
-  const LayerWork gemm_bound{0, 5e12, 1e6, 1};
-  const double t = m.predict_ms(gemm_bound, 2, 132);
+  const LayerWork gemm_bound{0, 5e12, 1e6, 122, 1};
   const double gemm = 5e12 / (m.gemm_tflops_per_sm * 1e12 * 130) * 1e3;
-  EXPECT_NEAR(t, gemm, gemm * 0.05);
-  const LayerWork comm_bound{1, 1e9, 4.6e8, 16};
-  EXPECT_NEAR(m.predict_ms(comm_bound, 40, 132), 4.6e8 / 46e9 * 1e3, 0.5);
+  EXPECT_NEAR(m.predict_ms(gemm_bound, 2, 132), gemm, gemm * 0.05);
+  // Far past the per-block rates, the link's ceiling decides.
+  const LayerWork comm_bound{1, 1e9, 4.6e8, 4.6e8 / 8192, 16};
+  EXPECT_NEAR(m.predict_ms(comm_bound, 32, 132), 4.6e8 / (m.link_gbps * 1e9) * 1e3, 0.6);
 }
 
 TEST(ExpectedWork, FollowsTheLayout) {

@@ -58,7 +58,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     double ms = 1e30;
   };
   std::map<std::string, Best> best;
-  std::map<std::string, std::vector<double>> gemm_rate, l0_block, l1_block, link;  // by gpu|link
+  std::map<std::string, std::vector<double>> gemm_rate, l0_row, l1_row, link;  // by gpu|link
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("routing", "") != "uniform") continue;
     const std::string layer = r.value("layer", "");
@@ -70,10 +70,11 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     if (mode == "gemm_only" && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
     if (mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
-      const double gbs = r["gb_s"].get<double>();
       const int n = r.value("n_comm", 1);
-      link[model_key].push_back(gbs);
-      if (n <= 2) (layer == "l0" ? l0_block : l1_block)[model_key].push_back(gbs / n);
+      link[model_key].push_back(r["gb_s"].get<double>());
+      // Few blocks are far from the link's ceiling: their time per row and block is the block's cost.
+      const double rows = r.value("link_rows", 0.0), ms = r.value("median_ms", 0.0);
+      if (n <= 2 && rows > 0 && ms > 0) (layer == "l0" ? l0_row : l1_row)[model_key].push_back(ms * 1e3 * n / rows);
     }
     if (mode != "fused" || r.value("tuned", false)) continue;
     const bench::Model& m = bench::find_model(r.value("model", ""));
@@ -103,12 +104,12 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     const Link lk = parse_link(mk.substr(mk.rfind('|') + 1));
     CostModel c = CostModel::defaults(lk);
     c.gemm_tflops_per_sm = median(rates);
-    if (!l0_block[mk].empty()) c.l0_block_gbps = median(l0_block[mk]);
-    if (!l1_block[mk].empty()) c.l1_block_gbps = median(l1_block[mk]);
+    if (!l0_row[mk].empty()) c.l0_row_us = median(l0_row[mk]);
+    if (!l1_row[mk].empty()) c.l1_row_us = median(l1_row[mk]);
     if (!link[mk].empty()) c.link_gbps = *std::max_element(link[mk].begin(), link[mk].end());
     table.set_model(gpu, lk, c);
-    std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM, layer-0 block %.1f GB/s, layer-1 block %.1f GB/s, "
-                "link %.1f GB/s\n", mk.c_str(), c.gemm_tflops_per_sm, c.l0_block_gbps, c.l1_block_gbps, c.link_gbps);
+    std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM, comm block %.2f us per row (layer 0) / %.2f (layer 1), "
+                "link %.1f GB/s\n", mk.c_str(), c.gemm_tflops_per_sm, c.l0_row_us, c.l1_row_us, c.link_gbps);
   }
 }
 

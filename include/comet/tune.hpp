@@ -34,10 +34,12 @@ int tokens_bucket(int tokens_per_rank);
 // The work of one rank's layer, as the cost model sees it.
 struct LayerWork {
   int layer = 0;
-  double flops = 0;       // GEMM flops over the real rows
-  double link_bytes = 0;  // bytes that cross the link (remote rows pulled, or partial rows shipped)
-  double link_rows = 0;   // rows that cross it (a comm block's cost is per row, whatever its size)
-  int column_groups = 1;  // layer 1: groups of column blocks the comm ships in turn
+  double flops = 0;          // GEMM flops over the real rows
+  double link_bytes = 0;     // bytes that cross the link (remote rows pulled, or partial rows shipped)
+  double comm_units = 0;     // units the comm blocks handle (layer 0: remote ones; layer 1: all)
+  double rows_per_unit = 1;  // destination rows per unit (a token's experts on this rank)
+  int hidden = 0;
+  int topk = 1;
 };
 
 // Expected work of one rank for a shape, layout and tokens per rank under uniform routing.
@@ -45,17 +47,21 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
 
 // The cost model, with rates measured on one GPU and link (comet-tune calibrates them from a sweep;
 // the defaults are H200 readings over the host link, bench/results/h200_host_full_a.json):
-//   T_gemm = flops / (gemm rate per SM x compute blocks)
-//   T_comm = bytes / R(n), where one comm block moves a row every row_us (measured: the same time for
-//            4 KB and 8 KB rows, i.e. a block is latency-bound, not byte-bound) and n blocks approach the
-//            link's ceiling smoothly: R(n) = ((n b)^-4 + link^-4)^(-1/4), b = row bytes / row_us
+//   T_gemm  = flops / (gemm rate per SM x compute blocks)
+//   T_block = units x unit time / n  (a comm block is latency-bound: measured, a 4 KB row costs it
+//             about what an 8 KB row does)
+//             layer 0 unit: l0_unit_us + its destination rows' bytes / l0_store_gbps (local bulk stores)
+//             layer 1 unit: l1_slice_us x 256-column chunks x top-k / 16 (the combine's batches)
+//   T_link  = link bytes / link_gbps;   T_comm = (T_block^4 + T_link^4)^(1/4)  (a smooth max)
 //   T_fused = max(T_gemm, T_comm) + overlap_penalty x min(T_gemm, T_comm)
 struct CostModel {
-  double gemm_tflops_per_sm = 4.6;  // bf16 GEMM rate of one SM in the fused kernel
-  double l0_row_us = 0.55;          // a layer-0 comm block: time per pulled row
-  double l1_row_us = 0.80;          // a layer-1 comm block: time per shipped partial row
-  double link_gbps = 50.0;          // ceiling of the link, all blocks together
-  double overlap_penalty = 0.3;     // the part of the shorter side that does not hide
+  double gemm_tflops_per_sm = 4.61;  // bf16 GEMM rate of one SM in the fused kernel
+  double l0_unit_us = 0.50;          // a layer-0 comm block: fixed time per pulled unit
+  double l0_store_gbps = 200.0;      // and its local stores into the gathered rows
+  double l1_slice_us = 0.40;         // a layer-1 comm block: time per (256 columns x 16 slots)
+  double link_gbps = 52.0;           // ceiling of the link, all blocks together
+  double overlap_penalty = 0.3;      // the part of the shorter side that does not hide
+  double unit_us(const LayerWork& w) const;
 
   static CostModel defaults(Link link);
   // Predicted time (ms) of the fused layer with n_comm comm blocks out of `sms`.

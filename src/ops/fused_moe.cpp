@@ -212,7 +212,8 @@ TuneKey FusedMoe::tune_key(int layer, int tokens_per_rank) const {
 TunedVariant FusedMoe::resolve(int layer, int rank, const LayerVariant& v) const {
   if (v.n_comm >= 0) return TunedVariant{v, "forced"};
   const int tokens = std::max(1, state(rank).tokens);
-  const uint64_t memo = (uint64_t(layer) << 40) | (uint64_t(v.tile_n) << 32) | uint64_t(tokens_bucket(tokens));
+  // (layer, tile_n, tokens bucket) in disjoint bit fields.
+  const uint64_t memo = (uint64_t(layer) << 56) | (uint64_t(v.tile_n) << 40) | uint64_t(tokens_bucket(tokens));
   if (const auto it = picks_.find(memo); it != picks_.end()) return it->second;
   const TuneKey key = tune_key(layer, tokens);
   TunedVariant t = pick_variant(table_, key, expected_work(shape_, par_, layer, tokens, v.tile_n), v);

@@ -13,15 +13,18 @@ CostModel CostModel::defaults(Link link) {
   return m;
 }
 
+double CostModel::unit_us(const LayerWork& w) const {
+  if (w.layer == 0) return l0_unit_us + w.rows_per_unit * w.hidden * 2.0 / (l0_store_gbps * 1e3);
+  return l1_slice_us * std::ceil(w.hidden / 256.0) * w.topk / 16.0;
+}
+
 double CostModel::predict_ms(const LayerWork& w, int n_comm, int sms) const {
   const double t_gemm = w.flops / (gemm_tflops_per_sm * 1e12 * std::max(1, sms - n_comm)) * 1e3;
   double t_comm = 0;
-  if (w.link_bytes > 0 && w.link_rows > 0) {
-    const double row_us = w.layer == 0 ? l0_row_us : l1_row_us;
-    const double block = (w.link_bytes / w.link_rows) / (row_us * 1e-6);  // bytes/s of one block
-    const double n_blocks = std::max(1, n_comm) * block, ceiling = link_gbps * 1e9;
-    const double rate = std::pow(std::pow(n_blocks, -4.0) + std::pow(ceiling, -4.0), -0.25);
-    t_comm = w.link_bytes / rate * 1e3;
+  if (w.comm_units > 0) {
+    const double t_blocks = w.comm_units * unit_us(w) / std::max(1, n_comm) * 1e-3;
+    const double t_link = w.link_bytes / (link_gbps * 1e9) * 1e3;
+    t_comm = std::pow(std::pow(t_blocks, 4.0) + std::pow(t_link, 4.0), 0.25);
   }
   return std::max(t_gemm, t_comm) + overlap_penalty * std::min(t_gemm, t_comm);
 }

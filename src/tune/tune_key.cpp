@@ -27,18 +27,16 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
   const double rows = W * T * k / p.ep;
   // A token reaches a group if one of its k distinct experts lives there.
   const double reach = 1.0 - std::pow(1.0 - 1.0 / p.ep, k);
-  const double remote_units = (W - 1) * T * reach;
+  const double units = W * T * reach, remote_units = (W - 1) * T * reach;
   const double H = s.hidden, Fs = p.ffn_shard(s);
   LayerWork w;
   w.layer = layer;
   w.link_bytes = remote_units * H * 2;
-  w.link_rows = remote_units;
-  if (layer == 0) {
-    w.flops = 2.0 * rows * s.w0_rows() / p.tp * H;
-  } else {
-    w.flops = 2.0 * rows * H * Fs;
-    w.column_groups = std::max(1, int(std::ceil(H / 256.0)));
-  }
+  w.comm_units = layer == 0 ? remote_units : units;
+  w.rows_per_unit = units > 0 ? rows / units : 1;
+  w.hidden = s.hidden;
+  w.topk = s.topk;
+  w.flops = layer == 0 ? 2.0 * rows * s.w0_rows() / p.tp * H : 2.0 * rows * H * Fs;
   (void)tile_n;
   return w;
 }

@@ -54,8 +54,9 @@ TuneTable TuneTable::load(const std::string& path) {
       const json& m = item.value();
       CostModel c;
       c.gemm_tflops_per_sm = m.at("gemm_tflops_per_sm").get<double>();
-      c.l0_row_us = m.at("l0_row_us").get<double>();
-      c.l1_row_us = m.at("l1_row_us").get<double>();
+      c.l0_unit_us = m.at("l0_unit_us").get<double>();
+      c.l0_store_gbps = m.at("l0_store_gbps").get<double>();
+      c.l1_slice_us = m.at("l1_slice_us").get<double>();
       c.link_gbps = m.at("link_gbps").get<double>();
       c.overlap_penalty = m.value("overlap_penalty", c.overlap_penalty);
       t.models_[item.key()] = c;
@@ -78,8 +79,9 @@ void TuneTable::save(const std::string& path) const {
   j["models"] = json::object();
   for (const auto& [key, m] : models_) {
     j["models"][key] = json{{"gemm_tflops_per_sm", m.gemm_tflops_per_sm},
-                            {"l0_row_us", m.l0_row_us},
-                            {"l1_row_us", m.l1_row_us},
+                            {"l0_unit_us", m.l0_unit_us},
+                            {"l0_store_gbps", m.l0_store_gbps},
+                            {"l1_slice_us", m.l1_slice_us},
                             {"link_gbps", m.link_gbps},
                             {"overlap_penalty", m.overlap_penalty}};
   }

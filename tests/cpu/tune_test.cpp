@@ -51,8 +51,9 @@ TEST(TuneTable, SavesAndLoadsEntriesAndModels) {
   t.put(key_for(1, 4096), TuneEntry{LayerVariant{128, 8, 0, 2}, 1.5});
   CostModel m;
   m.gemm_tflops_per_sm = 5.25;
-  m.l0_row_us = 0.5;
-  m.l1_row_us = 0.9;
+  m.l0_unit_us = 0.5;
+  m.l0_store_gbps = 150;
+  m.l1_slice_us = 0.9;
   m.link_gbps = 47;
   m.overlap_penalty = 0.25;
   t.set_model("NVIDIA H200", Link::host, m);
@@ -67,11 +68,12 @@ TEST(TuneTable, SavesAndLoadsEntriesAndModels) {
   EXPECT_DOUBLE_EQ(e->ms, 1.5);
   EXPECT_EQ(u.find(key_for(1, 8192)), nullptr);
   const CostModel v = u.model("NVIDIA H200", Link::host);
-  EXPECT_DOUBLE_EQ(v.l0_row_us, 0.5);
-  EXPECT_DOUBLE_EQ(v.l1_row_us, 0.9);
+  EXPECT_DOUBLE_EQ(v.l0_unit_us, 0.5);
+  EXPECT_DOUBLE_EQ(v.l0_store_gbps, 150);
+  EXPECT_DOUBLE_EQ(v.l1_slice_us, 0.9);
   EXPECT_DOUBLE_EQ(v.link_gbps, 47);
   EXPECT_DOUBLE_EQ(v.overlap_penalty, 0.25);
-  EXPECT_DOUBLE_EQ(u.model("other", Link::host).l0_row_us, CostModel::defaults(Link::host).l0_row_us);
+  EXPECT_DOUBLE_EQ(u.model("other", Link::host).l0_unit_us, CostModel::defaults(Link::host).l0_unit_us);
   std::filesystem::remove(path);
 }
 
@@ -92,37 +94,39 @@ TEST(TuneTable, DefaultPathFollowsTheEnvironment) {
   unsetenv("XDG_CACHE_HOME");
 }
 
-TEST(CostModel, MoreBytesPerFlopAsksForMoreCommBlocks) {
+LayerWork pull(double units, int hidden, double flops) {
+  return LayerWork{0, flops, units * hidden * 2, units, 1.2, hidden, 2};
+}
+
+TEST(CostModel, MoreUnitsPerFlopAsksForMoreCommBlocks) {
   const CostModel m = CostModel::defaults(Link::host);
-  LayerWork w{0, 2e12, 0, 0, 1};
   int last = 0;
-  for (double rows : {1e2, 1e3, 4e3, 8e3, 2e4}) {  // same GEMM, more and more 8 KB rows to pull
-    w.link_rows = rows;
-    w.link_bytes = rows * 8192;
-    const int n = m.best_n_comm(w, 132);
-    EXPECT_GE(n, last) << rows;
+  for (double units : {1e2, 1e3, 4e3, 8e3, 2e4}) {  // same GEMM, more and more rows to pull
+    const int n = m.best_n_comm(pull(units, 4096, 2e12), 132);
+    EXPECT_GE(n, last) << units;
     last = n;
   }
   EXPECT_GT(last, 2);
-  // Smaller rows cost a block the same time each: the same bytes in 4 KB rows never need fewer blocks,
-  // and a block's predicted transfer takes twice as long.
-  LayerWork small{0, 2e11, 8e3 * 4096, 8e3, 1}, large{0, 2e11, 4e3 * 8192, 4e3, 1};
-  EXPECT_GE(m.best_n_comm(small, 132), m.best_n_comm(large, 132));
-  LayerWork small_comm = small, large_comm = large;
-  small_comm.flops = large_comm.flops = 0;
-  EXPECT_NEAR(m.predict_ms(small_comm, 1, 132) / m.predict_ms(large_comm, 1, 132), 2.0, 0.05);
+  // A block's cost is per unit: the same bytes in 4 KB rows (twice the units) never need fewer blocks.
+  EXPECT_GE(m.best_n_comm(pull(8e3, 2048, 2e11), 132), m.best_n_comm(pull(4e3, 4096, 2e11), 132));
   // Nothing to move: the fewest blocks.
-  EXPECT_EQ(m.best_n_comm(LayerWork{1, 1e12, 0, 0, 16}, 132), 2);
+  EXPECT_EQ(m.best_n_comm(LayerWork{1, 1e12, 0, 0, 1, 4096, 2}, 132), 2);
+}
+
+TEST(CostModel, LayerOneCostGrowsWithTopKAndWidth) {
+  const CostModel m = CostModel::defaults(Link::host);
+  const LayerWork k2{1, 0, 0, 1e4, 1, 4096, 2}, k8{1, 0, 0, 1e4, 1, 4096, 8}, wide{1, 0, 0, 1e4, 1, 8192, 2};
+  EXPECT_NEAR(m.unit_us(k8) / m.unit_us(k2), 4.0, 1e-9);
+  EXPECT_NEAR(m.unit_us(wide) / m.unit_us(k2), 2.0, 1e-9);
 }
 
 TEST(CostModel, PredictionIsTheLongerSideWhenOneDominates) {
   const CostModel m = CostModel::defaults(Link::host);
-  const LayerWork gemm_bound{0, 5e12, 1e6, 122, 1};
   const double gemm = 5e12 / (m.gemm_tflops_per_sm * 1e12 * 130) * 1e3;
-  EXPECT_NEAR(m.predict_ms(gemm_bound, 2, 132), gemm, gemm * 0.05);
+  EXPECT_NEAR(m.predict_ms(pull(100, 4096, 5e12), 2, 132), gemm, gemm * 0.05);
   // Far past the per-block rates, the link's ceiling decides.
-  const LayerWork comm_bound{1, 1e9, 4.6e8, 4.6e8 / 8192, 16};
-  EXPECT_NEAR(m.predict_ms(comm_bound, 32, 132), 4.6e8 / (m.link_gbps * 1e9) * 1e3, 0.6);
+  const LayerWork big = pull(5e4, 4096, 1e9);
+  EXPECT_NEAR(m.predict_ms(big, 32, 132), big.link_bytes / (m.link_gbps * 1e9) * 1e3, 0.8);
 }
 
 TEST(ExpectedWork, FollowsTheLayout) {
@@ -132,7 +136,8 @@ TEST(ExpectedWork, FollowsTheLayout) {
   // Same flops per rank (each rank does 1/8 of the work), but TP moves every token to every rank.
   EXPECT_NEAR(ep.flops / tp.flops, 1.0, 1e-9);
   EXPECT_GT(tp.link_bytes, 3 * ep.link_bytes);
-  EXPECT_EQ(expected_work(s, Parallel{8, 1}, 1, 4096, 256).column_groups, 16);
+  EXPECT_GT(expected_work(s, Parallel{8, 1}, 1, 4096, 256).comm_units, ep.comm_units);  // layer 1: local ones too
+  EXPECT_NEAR(tp.rows_per_unit, 2.0, 1e-9);  // TP: each token's 2 slots both land here
 }
 
 TEST(PickVariant, TableFirstThenCostModel) {

@@ -6,6 +6,10 @@
 //       calibrates the cost model (GEMM rate per SM, per-block comm rates, link ceiling)
 //   comet-tune --from-results a.json [b.json ...]
 //       the same from benchmark results already measured (any machine)
+//   comet-tune --evaluate a.json [...] [--table PATH]
+//       for every case of those results, the variant the tuner picks (table, else cost model) against
+//       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
+//       are reported as unmeasured)
 //   comet-tune --lookup-overhead
 //       how long a pick takes (table hit, cost model), on the host
 #include <sys/wait.h>
@@ -13,6 +17,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -34,6 +39,7 @@ namespace {
 struct Args {
   std::string table = TuneTable::default_path();
   std::vector<std::string> results;
+  std::vector<std::string> evaluate;
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "1,2,4,8,16,24,32";
   int sms = 0;  // 0: from the records' GPU (132 for an H200)
   bool lookup_overhead = false;
@@ -50,6 +56,53 @@ int sms_of(const std::string& gpu, int forced) {
   return gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos ? 132 : 132;
 }
 
+TuneKey key_of(const json& r, int sms) {
+  const bench::Model& m = bench::find_model(r.value("model", ""));
+  TuneKey k;
+  k.gpu = r.value("gpu", "?");
+  k.sms = sms;
+  k.layer = r.value("layer", "") == "l0" ? 0 : 1;
+  k.hidden = m.shape.hidden;
+  k.ffn = m.shape.ffn;
+  k.experts = m.shape.num_experts;
+  k.topk = m.shape.topk;
+  k.world = r.value("world", 8);
+  k.ep = r.value("ep", 8);
+  k.tp = r.value("tp", 1);
+  k.link = parse_link(r.value("link", "host"));
+  k.tokens_bucket = tokens_bucket(r.value("tokens_per_rank", 0));
+  return k;
+}
+
+LayerWork work_of(const json& r) {
+  const bench::Model& m = bench::find_model(r.value("model", ""));
+  const Parallel par{r.value("ep", 8), r.value("tp", 1)};
+  return expected_work(m.shape, par, r.value("layer", "") == "l0" ? 0 : 1, r.value("tokens_per_rank", 0), 256);
+}
+
+// Fits the comm blocks' unit costs to comm-only runs with 2 blocks (far from the link's ceiling):
+// least squares of log(predicted / measured) over a grid of the three constants.
+void fit_comm(const std::vector<json>& runs, CostModel& c) {
+  if (runs.empty()) return;
+  double best = 1e300;
+  CostModel fit = c;
+  for (double u0 = 0.2; u0 <= 1.0001; u0 += 0.05)
+    for (double st : {50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 400.0})
+      for (double s1 = 0.1; s1 <= 1.0001; s1 += 0.025) {
+        CostModel t = c;
+        t.l0_unit_us = u0, t.l0_store_gbps = st, t.l1_slice_us = s1, t.overlap_penalty = 0;
+        double err = 0;
+        for (const json& r : runs) {
+          LayerWork w = work_of(r);
+          w.flops = 0;
+          const double e = std::log(t.predict_ms(w, r.value("n_comm", 2), 132) / r.value("median_ms", 1.0));
+          err += e * e;
+        }
+        if (err < best) best = err, fit = t;
+      }
+  c.l0_unit_us = fit.l0_unit_us, c.l0_store_gbps = fit.l0_store_gbps, c.l1_slice_us = fit.l1_slice_us;
+}
+
 // Best fused variant per key and the calibrated cost model per (gpu, link), from benchmark records.
 void fill_from_results(const std::vector<json>& records, const Args& a, TuneTable& table) {
   struct Best {
@@ -58,7 +111,8 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     double ms = 1e30;
   };
   std::map<std::string, Best> best;
-  std::map<std::string, std::vector<double>> gemm_rate, l0_row, l1_row, link;  // by gpu|link
+  std::map<std::string, std::vector<double>> gemm_rate, link;  // by gpu|link
+  std::map<std::string, std::vector<json>> two_block_runs;
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("routing", "") != "uniform") continue;
     const std::string layer = r.value("layer", "");
@@ -70,27 +124,11 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     if (mode == "gemm_only" && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
     if (mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
-      const int n = r.value("n_comm", 1);
       link[model_key].push_back(r["gb_s"].get<double>());
-      // Few blocks are far from the link's ceiling: their time per row and block is the block's cost.
-      const double rows = r.value("link_rows", 0.0), ms = r.value("median_ms", 0.0);
-      if (n <= 2 && rows > 0 && ms > 0) (layer == "l0" ? l0_row : l1_row)[model_key].push_back(ms * 1e3 * n / rows);
+      if (r.value("n_comm", 0) == 2) two_block_runs[model_key].push_back(r);
     }
     if (mode != "fused" || r.value("tuned", false)) continue;
-    const bench::Model& m = bench::find_model(r.value("model", ""));
-    TuneKey k;
-    k.gpu = gpu;
-    k.sms = sms;
-    k.layer = layer == "l0" ? 0 : 1;
-    k.hidden = m.shape.hidden;
-    k.ffn = m.shape.ffn;
-    k.experts = m.shape.num_experts;
-    k.topk = m.shape.topk;
-    k.world = r.value("world", 8);
-    k.ep = r.value("ep", 8);
-    k.tp = r.value("tp", 1);
-    k.link = parse_link(lk);
-    k.tokens_bucket = tokens_bucket(r.value("tokens_per_rank", 0));
+    const TuneKey k = key_of(r, sms);
     Best& b = best[k.str()];
     const double ms = r.value("median_ms", 1e30);
     if (ms < b.ms) b = Best{k, LayerVariant{r.value("tile_n", 256), r.value("n_comm", 1), 0, 1}, ms};
@@ -104,13 +142,54 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     const Link lk = parse_link(mk.substr(mk.rfind('|') + 1));
     CostModel c = CostModel::defaults(lk);
     c.gemm_tflops_per_sm = median(rates);
-    if (!l0_row[mk].empty()) c.l0_row_us = median(l0_row[mk]);
-    if (!l1_row[mk].empty()) c.l1_row_us = median(l1_row[mk]);
     if (!link[mk].empty()) c.link_gbps = *std::max_element(link[mk].begin(), link[mk].end());
+    fit_comm(two_block_runs[mk], c);
     table.set_model(gpu, lk, c);
-    std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM, comm block %.2f us per row (layer 0) / %.2f (layer 1), "
-                "link %.1f GB/s\n", mk.c_str(), c.gemm_tflops_per_sm, c.l0_row_us, c.l1_row_us, c.link_gbps);
+    std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM; comm block: layer 0 %.2f us per unit + stores at %.0f "
+                "GB/s, layer 1 %.3f us per slice batch; link %.1f GB/s\n", mk.c_str(), c.gemm_tflops_per_sm,
+                c.l0_unit_us, c.l0_store_gbps, c.l1_slice_us, c.link_gbps);
   }
+}
+
+// The tuner's pick for every measured case against the best of its sweep.
+void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& table) {
+  struct Case {
+    json first;
+    std::map<int, double> sweep;
+  };
+  std::map<std::string, Case> cases;
+  for (const json& r : records) {
+    if (r.value("system", "") != "comet" || r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
+    const std::string layer = r.value("layer", "");
+    if (layer != "l0" && layer != "l1") continue;
+    const std::string id = r.value("model", "") + ' ' + r.value("layout", "") + ' ' + r.value("routing", "") + " T=" +
+                           std::to_string(r.value("tokens_per_rank", 0)) + ' ' + layer;
+    Case& c = cases[id];
+    if (c.sweep.empty()) c.first = r;
+    c.sweep[r.value("n_comm", 0)] = r.value("median_ms", 0.0);
+  }
+  int n = 0, within3 = 0, within10 = 0, unmeasured = 0;
+  std::printf("%-42s %-10s %-14s %-14s %s\n", "case", "picked_by", "pick", "best", "ratio");
+  for (const auto& [id, c] : cases) {
+    const TuneKey key = key_of(c.first, sms_of(c.first.value("gpu", ""), a.sms));
+    const TunedVariant t = pick_variant(table, key, work_of(c.first), LayerVariant{256, -1, 0, 1});
+    const auto best = std::min_element(c.sweep.begin(), c.sweep.end(),
+                                       [](const auto& x, const auto& y) { return x.second < y.second; });
+    const auto it = c.sweep.find(t.variant.n_comm);
+    if (it == c.sweep.end()) {
+      ++unmeasured;
+      std::printf("%-42s %-10s n=%-2d (not in the sweep)\n", id.c_str(), t.picked_by, t.variant.n_comm);
+      continue;
+    }
+    const double ratio = it->second / best->second;
+    ++n;
+    within3 += ratio <= 1.03;
+    within10 += ratio <= 1.10;
+    std::printf("%-42s %-10s n=%-2d %7.3f ms  n=%-2d %7.3f ms  %.3f\n", id.c_str(), t.picked_by, t.variant.n_comm,
+                it->second, best->first, best->second, ratio);
+  }
+  std::printf("comet-tune: %d picks: %d within 3 %% of the sweep's best, %d within 10 %%; %d not in the sweep\n", n,
+              within3, within10, unmeasured);
 }
 
 std::vector<json> read_records(const std::string& path) {
@@ -190,6 +269,9 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (s == "--table") a.table = value();
+    else if (s == "--evaluate") {
+      while (i + 1 < argc && argv[i + 1][0] != '-') a.evaluate.push_back(argv[++i]);
+    }
     else if (s == "--from-results") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.results.push_back(argv[++i]);
     } else if (s == "--model") a.model = value();
@@ -208,6 +290,15 @@ int main(int argc, char** argv) {
   try {
     if (a.lookup_overhead) {
       lookup_overhead();
+      return 0;
+    }
+    if (!a.evaluate.empty()) {
+      std::vector<json> records;
+      for (const auto& p : a.evaluate) {
+        auto r = read_records(p);
+        records.insert(records.end(), r.begin(), r.end());
+      }
+      evaluate(records, a, TuneTable::load(a.table));
       return 0;
     }
     if (!a.model.empty()) a.results.push_back(measure(a, argv[0]));

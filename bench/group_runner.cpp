@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "comet/cuda_check.hpp"
-#include "device_fill.hpp"
+#include "support/device_random.hpp"
 
 namespace comet::bench {
 namespace {
@@ -42,8 +42,8 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   w0_ = testing::DeviceBuffer(size_t(el) * n0 * H * 2);
   w1_ = testing::DeviceBuffer(size_t(el) * H * fs * 2);
   cudaStream_t s0 = team_->stream(0);
-  fill_random_bf16(w0_.get(), size_t(el) * n0 * H, 1.5f / std::sqrt(float(H)), seed_of(o_.seed, model.name, 0, 0), s0);
-  fill_random_bf16(w1_.get(), size_t(el) * H * fs, 1.5f / std::sqrt(float(s.ffn)), seed_of(o_.seed, model.name, 1, 0), s0);
+  testing::fill_random_bf16(w0_.get(), size_t(el) * n0 * H, 1.5f / std::sqrt(float(H)), seed_of(o_.seed, model.name, 0, 0), s0);
+  testing::fill_random_bf16(w1_.get(), size_t(el) * H * fs, 1.5f / std::sqrt(float(s.ffn)), seed_of(o_.seed, model.name, 1, 0), s0);
   for (int r = 0; r < W; ++r) {
     Rank rank;
     rank.x = testing::DeviceBuffer(size_t(max_tokens) * H * 2);
@@ -92,7 +92,7 @@ void GroupRunner::stage_case(const CaseInput& in) {
   for (int r = 0; r < W; ++r) {
     ranks_[r].ids.upload((*in.ranks)[r].ids);
     ranks_[r].gates.upload((*in.ranks)[r].gates);
-    fill_random_bf16(ranks_[r].x.get(), size_t(in.tokens) * H, 1.0f, case_seed_ + r, s0);
+    testing::fill_random_bf16(ranks_[r].x.get(), size_t(in.tokens) * H, 1.0f, case_seed_ + r, s0);
   }
   COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
   for (int r = 0; r < W; ++r) {

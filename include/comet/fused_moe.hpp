@@ -111,6 +111,9 @@ class FusedMoe {
  private:
   struct RankState;
   RankState& state(int rank) const;
+  // The variant a launch runs with: resolved by the tuner, validated, leaving compute blocks.
+  LayerVariant launch_variant(int layer, int rank, LayerMode mode, const LayerVariant& requested,
+                              UnitRange units) const;
 
   Team& team_;
   MoeShape shape_;

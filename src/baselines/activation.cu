@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include "comet/cuda_check.hpp"
+#include "kernels/bf16x8.cuh"
 
 namespace comet::baselines {
 namespace {
@@ -12,24 +13,6 @@ namespace {
 __device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
 __device__ __forceinline__ float gelu_tanh(float z) {
   return 0.5f * z * (1.0f + tanhf(0.7978845608028654f * (z + 0.044715f * z * z * z)));
-}
-
-__device__ __forceinline__ void unpack(const uint4& v, float (&f)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 p = __bfloat1622float2(h[i]);
-    f[2 * i] = p.x;
-    f[2 * i + 1] = p.y;
-  }
-}
-
-__device__ __forceinline__ uint4 pack(const float (&f)[8]) {
-  uint4 v;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return v;
 }
 
 __global__ void activation_kernel(ActivationArgs a) {
@@ -49,16 +32,16 @@ __global__ void activation_kernel(ActivationArgs a) {
     float x[8], out[8];
     if (a.act == Activation::swiglu) {
       float up[8];
-      unpack(*reinterpret_cast<const uint4*>(in + 16 * g), x);
-      unpack(*reinterpret_cast<const uint4*>(in + 16 * g + 8), up);
+      kernels::unpack_bf16x8(*reinterpret_cast<const uint4*>(in + 16 * g), x);
+      kernels::unpack_bf16x8(*reinterpret_cast<const uint4*>(in + 16 * g + 8), up);
 #pragma unroll
       for (int q = 0; q < 8; ++q) out[q] = silu(x[q]) * up[q];
     } else {
-      unpack(*reinterpret_cast<const uint4*>(in + 8 * g), x);
+      kernels::unpack_bf16x8(*reinterpret_cast<const uint4*>(in + 8 * g), x);
 #pragma unroll
       for (int q = 0; q < 8; ++q) out[q] = a.act == Activation::gelu ? gelu_tanh(x[q]) : silu(x[q]);
     }
-    *reinterpret_cast<uint4*>(hid + row * a.ffn_shard + 8 * g) = pack(out);
+    *reinterpret_cast<uint4*>(hid + row * a.ffn_shard + 8 * g) = kernels::pack_bf16x8(out);
   }
 }
 

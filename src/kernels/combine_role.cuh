@@ -14,29 +14,12 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/bf16x8.cuh"
 #include "kernels/bulk_copy.cuh"
 #include "kernels/layer_args.hpp"
 #include "team/device_wait.cuh"
 
 namespace comet::kernels {
-
-__device__ __forceinline__ void accumulate_bf16x8(float (&acc)[8], const uint4& v, float w) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    acc[2 * i] += w * f.x;
-    acc[2 * i + 1] += w * f.y;
-  }
-}
-
-__device__ __forceinline__ uint4 pack_bf16x8(const float (&acc)[8]) {
-  uint4 out;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(acc[2 * i], acc[2 * i + 1]);
-  return out;
-}
 
 // Shared memory of the combine: per warp, two buffers of up to kCombineSlices row slices of 512 bytes
 // (as many as the kernel's shared memory holds for all warps of the block).

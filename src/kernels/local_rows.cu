@@ -10,6 +10,7 @@
 #include <cuda_bf16.h>
 
 #include "comet/cuda_check.hpp"
+#include "kernels/bf16x8.cuh"
 
 namespace comet::kernels {
 namespace {
@@ -33,16 +34,6 @@ __global__ void scatter_local_kernel(const __nv_bfloat16* x, __nv_bfloat16* a, i
   }
 }
 
-__device__ __forceinline__ void add_bf16x8(float (&acc)[8], const uint4& v) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    acc[2 * i] += f.x;
-    acc[2 * i + 1] += f.y;
-  }
-}
-
 // One thread per (token, 8 columns). Rank q sent a partial for token t iff q's EP group holds one of
 // t's experts (all TP ranks of that group did).
 __global__ void final_reduce_kernel(FinalReduceArgs r) {
@@ -60,13 +51,9 @@ __global__ void final_reduce_kernel(FinalReduceArgs r) {
       if (!(groups >> (q / r.tp) & 1u)) continue;
       const __nv_bfloat16* part = q == r.rank ? r.self_partial + size_t(t) * r.hidden
                                               : r.recv + (size_t(q) * r.max_tokens + t) * r.hidden;
-      add_bf16x8(acc, reinterpret_cast<const uint4*>(part)[c]);
+      accumulate_bf16x8(acc, reinterpret_cast<const uint4*>(part)[c], 1.0f);
     }
-    uint4 out;
-    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&out);
-#pragma unroll
-    for (int k = 0; k < 4; ++k) h[k] = __floats2bfloat162_rn(acc[2 * k], acc[2 * k + 1]);
-    reinterpret_cast<uint4*>(r.out + size_t(t) * r.hidden)[c] = out;
+    reinterpret_cast<uint4*>(r.out + size_t(t) * r.hidden)[c] = pack_bf16x8(acc);
   }
 }
 

@@ -224,17 +224,25 @@ TunedVariant FusedMoe::resolve(int layer, int rank, const LayerVariant& v) const
   return t;
 }
 
+LayerVariant FusedMoe::launch_variant(int layer, int rank, LayerMode mode, const LayerVariant& requested,
+                                      UnitRange units) const {
+  const char* name = layer == 0 ? "layer 0" : "layer 1";
+  const LayerVariant v = resolve(layer, rank, requested).variant;
+  validate_variant(v, name);
+  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0");
+  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe ", name, ": a unit range needs comm_only mode");
+  COMET_REQUIRE(layer == 1 || mode != LayerMode::fused || par_.world() == 1 || v.n_comm >= 1,
+                "FusedMoe layer 0: with remote ranks the fused kernel needs n_comm >= 1");
+  const int limit = max_blocks(layer, v.tile_n);
+  COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < limit, "FusedMoe ", name, ": n_comm ", v.n_comm,
+                " leaves no compute block (", limit, " resident blocks)");
+  return v;
+}
+
 void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, UnitRange units) {
-  const LayerVariant v = resolve(0, rank, requested).variant;
-  validate_variant(v, "layer 0");
-  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe layer 0: n_comm must be >= 0");
-  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 0: a unit range needs comm_only mode");
+  const LayerVariant v = launch_variant(0, rank, mode, requested, units);
   RankState& s = state(rank);
   const int limit = max_blocks(0, v.tile_n);
-  COMET_REQUIRE(mode != LayerMode::fused || par_.world() == 1 || v.n_comm >= 1,
-                "FusedMoe layer 0: with remote ranks the fused kernel needs n_comm >= 1");
-  COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < limit, "FusedMoe layer 0: n_comm ", v.n_comm,
-                " leaves no compute block (", limit, " resident blocks)");
   kernels::Layer0Launch l;
   l.tile_n = v.tile_n;
   l.w0 = s.w0;
@@ -265,14 +273,9 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, U
 }
 
 void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& requested, UnitRange units) {
-  const LayerVariant v = resolve(1, rank, requested).variant;
-  validate_variant(v, "layer 1");
-  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe layer 1: n_comm must be >= 0");
-  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 1: a unit range needs comm_only mode");
+  const LayerVariant v = launch_variant(1, rank, mode, requested, units);
   RankState& s = state(rank);
   const int limit = max_blocks(1, v.tile_n);
-  COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < limit, "FusedMoe layer 1: n_comm ", v.n_comm,
-                " leaves no compute block (", limit, " resident blocks)");
   const int H = shape_.hidden;
   kernels::Layer1Launch l;
   l.tile_n = v.tile_n;

@@ -1,4 +1,5 @@
-// Random bf16 data generated on the device (benchmarks: model weights are far too large for the host).
+// Random bf16 data generated on the device (benchmarks: model weights are far too large for the
+// host; Mixtral's W0 alone is 940M values). Values only need to be finite and of realistic magnitude.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,7 +9,7 @@
 
 namespace comet::testing {
 
-// p[i] = bf16 of a uniform value in [-scale, scale], from a hash of (seed, i).
-void fill_random_bf16(void* p, size_t n, uint64_t seed, float scale, cudaStream_t stream = nullptr);
+// n bf16 values uniform in [-scale, scale] from a counter-based hash of (seed, index); p 16-byte aligned.
+void fill_random_bf16(void* p, size_t n, float scale, uint64_t seed, cudaStream_t stream = nullptr);
 
 }  // namespace comet::testing

@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   std::vector<RankBatch> batches;
   for (int r = 0; r < W; ++r) {
     keep.emplace_back(size_t(tokens) * H * 2);
-    fill_random_bf16(keep.back().get(), size_t(tokens) * H, 100 + r, 1.0f);
+    fill_random_bf16(keep.back().get(), size_t(tokens) * H, 1.0f, 100 + r);
     void* x = keep.back().get();
     keep.emplace_back(routing[r].ids);
     void* ids = keep.back().get();
@@ -84,10 +84,10 @@ int main(int argc, char** argv) {
     void* out = keep.back().get();
     const size_t n0 = size_t(El) * 2 * Fs * H, n1 = size_t(El) * H * Fs;
     keep.emplace_back(n0 * 2);
-    fill_random_bf16(keep.back().get(), n0, 200 + r, 1.5f / std::sqrt(float(H)));
+    fill_random_bf16(keep.back().get(), n0, 1.5f / std::sqrt(float(H)), 200 + r);
     void* w0 = keep.back().get();
     keep.emplace_back(n1 * 2);
-    fill_random_bf16(keep.back().get(), n1, 300 + r, 1.5f / std::sqrt(float(shape.ffn)));
+    fill_random_bf16(keep.back().get(), n1, 1.5f / std::sqrt(float(shape.ffn)), 300 + r);
     moe.set_weights(r, w0, keep.back().get());
     batches.push_back(RankBatch{tokens, x, static_cast<int32_t*>(ids), static_cast<float*>(gates), out});
   }

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "comet/plan.hpp"
+#include "support/plan_configs.hpp"
 #include "support/routing_gen.hpp"
 
 namespace comet {
@@ -23,22 +24,8 @@ using testing::make_routing;
 using testing::RankRouting;
 using testing::RoutingKind;
 using testing::views;
-
-PlanConfig make_config(int ep, int tp, int E, int k, int rank, int tile_m, int max_tokens, int max_rows) {
-  PlanConfig cfg;
-  cfg.shape = MoeShape{64, 128, E, k, Activation::swiglu};
-  cfg.par = Parallel{ep, tp};
-  cfg.rank = rank;
-  cfg.tile_m = tile_m;
-  cfg.cap = PlanCapacity{max_tokens, max_rows};
-  return cfg;
-}
-
-// Rows enough for any routing: every slot of every token here, plus a partial tile per expert.
-int worst_rows(int W, int max_tokens, int k, int local_experts, int tile_m) {
-  const int rows = W * max_tokens * k + local_experts * (tile_m - 1);
-  return (rows + tile_m - 1) / tile_m * tile_m;
-}
+using testing::make_config;
+using testing::worst_rows;
 
 // Distinct, exactly representable gates for hand-made routing.
 float hand_gate(int source, int token, int slot) { return float(source) * 100.0f + float(token) + 0.25f * float(slot + 1); }

@@ -9,11 +9,13 @@
 #include <string>
 
 #include "comet/reference.hpp"
+#include "support/expect_invalid.hpp"
 #include "support/routing_gen.hpp"
 
 using namespace comet;
 namespace ref = comet::reference;
 using comet::testing::RoutingKind;
+using comet::testing::expect_invalid;
 
 namespace {
 
@@ -342,19 +344,6 @@ TEST(ReferenceBackward, FloatAgreesWithDouble) {
 }
 
 // ---- validation -------------------------------------------------------------------------------------------
-
-namespace {
-
-void expect_invalid(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no InvalidArgument (expected a message containing \"" << needle << "\")";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
-  }
-}
-
-}  // namespace
 
 TEST(ReferenceValidation, RejectsBadInputWithClearMessages) {
   const MoeShape shape{16, 16, 4, 2, Activation::swiglu};

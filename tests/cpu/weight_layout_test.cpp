@@ -10,9 +10,11 @@
 
 #include "comet/reference.hpp"
 #include "comet/weight_layout.hpp"
+#include "support/expect_invalid.hpp"
 #include "support/routing_gen.hpp"
 
 using namespace comet;
+using comet::testing::expect_invalid;
 
 namespace {
 
@@ -196,19 +198,6 @@ TEST(WeightLayout, LocalLayoutReproducesTheReferenceHiddenShard) {
     }
   }
 }
-
-namespace {
-
-void expect_invalid(const std::function<void()>& fn, const std::string& needle) {
-  try {
-    fn();
-    ADD_FAILURE() << "no InvalidArgument (expected a message containing \"" << needle << "\")";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << "message: " << e.what();
-  }
-}
-
-}  // namespace
 
 TEST(WeightLayout, RejectsBadInputWithClearMessages) {
   const MoeShape shape{8, 16, 4, 2, Activation::swiglu};

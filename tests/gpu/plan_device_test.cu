@@ -17,6 +17,7 @@
 #include "comet/cuda_check.hpp"
 #include "comet/device_plan.hpp"
 #include "comet/plan.hpp"
+#include "support/plan_configs.hpp"
 #include "support/routing_gen.hpp"
 
 namespace comet {
@@ -26,21 +27,8 @@ using testing::make_routing;
 using testing::RankRouting;
 using testing::RoutingKind;
 using testing::views;
-
-PlanConfig make_config(int ep, int tp, int E, int k, int rank, int tile_m, int max_tokens, int max_rows) {
-  PlanConfig cfg;
-  cfg.shape = MoeShape{64, 128, E, k, Activation::swiglu};
-  cfg.par = Parallel{ep, tp};
-  cfg.rank = rank;
-  cfg.tile_m = tile_m;
-  cfg.cap = PlanCapacity{max_tokens, max_rows};
-  return cfg;
-}
-
-int worst_rows(int W, int max_tokens, int k, int local_experts, int tile_m) {
-  const long long rows = (long long)W * max_tokens * k + (long long)local_experts * (tile_m - 1);
-  return int((rows + tile_m - 1) / tile_m * tile_m);
-}
+using testing::make_config;
+using testing::worst_rows;
 
 // W routing buffers (RoutingBufferLayout) in device memory or in mapped pinned host memory, and the
 // device array of pointers that DevicePlan::build reads.

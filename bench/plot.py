@@ -102,57 +102,47 @@ def plot_latency(records, out_dir):
     return written
 
 
-def plot_efficiency(records, out_dir):
+def plot_per_model(records, out_dir, name, ylabel, draw, legend_size):
+    """One figure per (link, routing): a panel per model, a line per (layout, layer) drawn by `draw`."""
     written = []
     for (link, routing), rs in group(records, "link", "routing").items():
         models = list(group(rs, "model"))
         fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
         for col, (model,) in enumerate(models):
             ax = axes[0][col]
-            sub = [r for r in rs if r["model"] == model and r["system"] == "comet" and r.get("best")
-                   and r.get("overlap_efficiency") is not None]
-            for (layout, layer), lrs in group(sub, "layout", "layer").items():
-                points = sorted((r["tokens_per_rank"], r["overlap_efficiency"]) for r in lrs)
-                ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3,
-                        label=f"{layout} {layer}")
+            for (layout, layer), lrs in group([r for r in rs if r["model"] == model], "layout", "layer").items():
+                draw(ax, layout, layer, lrs)
             ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-            style_axis(ax, f"{model} ({link} link, {routing})", "T_fused / max(T_gemm, T_comm)")
+            style_axis(ax, f"{model} ({link} link, {routing})", ylabel)
             if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=6)
+                ax.legend(fontsize=legend_size)
         fig.tight_layout()
-        path = os.path.join(out_dir, f"efficiency_{link}_{routing}.png")
+        path = os.path.join(out_dir, f"{name}_{link}_{routing}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)
     return written
+
+
+def plot_efficiency(records, out_dir):
+    def draw(ax, layout, layer, lrs):
+        points = sorted((r["tokens_per_rank"], r["overlap_efficiency"]) for r in lrs
+                        if r["system"] == "comet" and r.get("best") and r.get("overlap_efficiency") is not None)
+        if points:
+            ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", markersize=3, label=f"{layout} {layer}")
+    return plot_per_model(records, out_dir, "efficiency", "T_fused / max(T_gemm, T_comm)", draw, 6)
 
 
 def plot_speedup(records, out_dir):
-    written = []
-    for (link, routing), rs in group(records, "link", "routing").items():
-        models = list(group(rs, "model"))
-        fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.4), squeeze=False)
-        for col, (model,) in enumerate(models):
-            ax = axes[0][col]
-            sub = [r for r in rs if r["model"] == model]
-            for (layout, layer), lrs in group(sub, "layout", "layer").items():
-                comet = dict(zip(*series(lrs, COMET_FUSED)))
-                for base, marker in (("sequential", "o"), ("chunked", "s")):
-                    xs, ys = series(lrs, lambda r, b=base: r["system"] == b)
-                    pts = [(x, y / comet[x]) for x, y in zip(xs, ys) if comet.get(x)]
-                    if pts:
-                        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, markersize=3,
-                                label=f"{layout} {layer} vs {base}")
-            ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-            style_axis(ax, f"{model} ({link} link, {routing})", "baseline time / comet time")
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=5)
-        fig.tight_layout()
-        path = os.path.join(out_dir, f"speedup_{link}_{routing}.png")
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(path)
-    return written
+    def draw(ax, layout, layer, lrs):
+        comet = dict(zip(*series(lrs, COMET_FUSED)))
+        for base, marker in (("sequential", "o"), ("chunked", "s")):
+            xs, ys = series(lrs, lambda r, b=base: r["system"] == b)
+            pts = [(x, y / comet[x]) for x, y in zip(xs, ys) if comet.get(x)]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, markersize=3,
+                        label=f"{layout} {layer} vs {base}")
+    return plot_per_model(records, out_dir, "speedup", "baseline time / comet time", draw, 5)
 
 
 def main():

@@ -26,6 +26,8 @@ using testing::RoutingKind;
 using testing::views;
 using testing::make_config;
 using testing::worst_rows;
+using testing::Layout;
+using testing::layouts_of;
 
 // Distinct, exactly representable gates for hand-made routing.
 float hand_gate(int source, int token, int slot) { return float(source) * 100.0f + float(token) + 0.25f * float(slot + 1); }
@@ -434,31 +436,6 @@ void check_properties(const PlanConfig& cfg, const std::vector<RankRouting>& rou
   ASSERT_EQ(seen, std::vector<int>(tiles, 1));
 }
 
-struct Layout {
-  int ep, tp;
-};
-
-std::vector<Layout> layouts_of(int W) {
-  if (W == 1) return {{1, 1}};
-  std::vector<Layout> out = {{W, 1}, {1, W}};
-  if (W == 4) out.push_back({2, 2});
-  if (W == 8) {
-    out.push_back({2, 4});
-    out.push_back({4, 2});
-  }
-  return out;
-}
-
-std::string kind_name(RoutingKind kind) {
-  switch (kind) {
-    case RoutingKind::uniform: return "uniform";
-    case RoutingKind::zipf: return "zipf";
-    case RoutingKind::one_expert: return "one_expert";
-    case RoutingKind::local_only: return "local_only";
-  }
-  return "?";
-}
-
 TEST(PlanProperties, RandomRoutingsOverLayouts) {
   const int E = 16, max_tokens = 40;
   const RoutingKind kinds[] = {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::one_expert,
@@ -488,7 +465,7 @@ TEST(PlanProperties, RandomRoutingsOverLayouts) {
               const PlanConfig cfg = make_config(lay.ep, lay.tp, E, k, rank, tile_m, max_tokens,
                                                  worst_rows(W, max_tokens, k, E / lay.ep, tile_m));
               SCOPED_TRACE(::testing::Message() << "W=" << W << " ep=" << lay.ep << " tp=" << lay.tp << " k=" << k
-                                              << " " << kind_name(kind) << " tile_m=" << tile_m << " rank=" << rank
+                                              << " " << testing::to_string(kind) << " tile_m=" << tile_m << " rank=" << rank
                                               << " seed=" << seed);
               const HostPlan plan = build_plan_host(cfg, views(routing));
               check_properties(cfg, routing, plan);

@@ -29,6 +29,8 @@ using testing::RoutingKind;
 using testing::views;
 using testing::make_config;
 using testing::worst_rows;
+using testing::Layout;
+using testing::layouts_of;
 
 // W routing buffers (RoutingBufferLayout) in device memory or in mapped pinned host memory, and the
 // device array of pointers that DevicePlan::build reads.
@@ -210,31 +212,6 @@ class PlanDevice : public ::testing::Test {
   bool had_ = false;
 };
 
-struct Layout {
-  int ep, tp;
-};
-
-std::vector<Layout> layouts_of(int W) {
-  if (W == 1) return {{1, 1}};
-  std::vector<Layout> out = {{W, 1}, {1, W}};
-  if (W == 4) out.push_back({2, 2});
-  if (W == 8) {
-    out.push_back({2, 4});
-    out.push_back({4, 2});
-  }
-  return out;
-}
-
-const char* kind_name(RoutingKind kind) {
-  switch (kind) {
-    case RoutingKind::uniform: return "uniform";
-    case RoutingKind::zipf: return "zipf";
-    case RoutingKind::one_expert: return "one_expert";
-    case RoutingKind::local_only: return "local_only";
-  }
-  return "?";
-}
-
 // Random token counts in [0, cap], with a rank of 0 tokens and one at capacity when W > 1.
 std::vector<int> random_tokens(int W, int cap, uint64_t seed) {
   std::mt19937 rng(uint32_t(seed) * 2654435761u);
@@ -260,7 +237,7 @@ void run_matrix(PlanDevice* test, bool mapped, int max_tokens, const std::vector
           if (kind == RoutingKind::local_only && E / lay.ep < k) continue;  // needs k experts in the group
           const auto routing = make_routing(MoeShape{64, 128, E, k, Activation::swiglu}, Parallel{lay.ep, lay.tp},
                                             random_tokens(W, max_tokens, seed), kind, seed, int(seed % E));
-          test->expect_all_ranks_match(lay.ep, lay.tp, E, k, tile_m, max_tokens, routing, mapped, kind_name(kind));
+          test->expect_all_ranks_match(lay.ep, lay.tp, E, k, tile_m, max_tokens, routing, mapped, testing::to_string(kind));
           if (test->HasFailure()) return;
         }
       }

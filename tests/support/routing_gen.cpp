@@ -70,6 +70,16 @@ std::vector<RoutingView> views(const std::vector<RankRouting>& routing) {
   return v;
 }
 
+const char* to_string(RoutingKind kind) {
+  switch (kind) {
+    case RoutingKind::uniform: return "uniform";
+    case RoutingKind::zipf: return "zipf";
+    case RoutingKind::one_expert: return "one_expert";
+    case RoutingKind::local_only: return "local_only";
+  }
+  return "?";
+}
+
 std::vector<float> random_bf16_values(size_t n, float scale, uint64_t seed) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> d(-scale, scale);

@@ -30,6 +30,8 @@ std::vector<RankRouting> make_routing(const MoeShape& shape, const Parallel& par
 
 std::vector<RoutingView> views(const std::vector<RankRouting>& routing);
 
+const char* to_string(RoutingKind kind);
+
 // Random values in [-scale, scale], rounded to bf16 so that fp32 and bf16 copies agree exactly.
 std::vector<float> random_bf16_values(size_t n, float scale, uint64_t seed);
 

@@ -32,11 +32,14 @@ struct Layer0Params {
 
 // Work w -> (M-tile, N-block): groups of m_group consecutive entries of tile_order, and inside a group
 // every N-block for each of its M-tiles, N-major, so that the group's A tiles and a few B slabs stay
-// in L2 while the whole grid works on them. Groups follow tile_order, i.e. arrival order.
+// in L2 while the whole grid works on them. Groups follow tile_order, i.e. arrival order, when the
+// tiles wait for rows; without waits (gemm_only: every row present) they follow m, the order the plan
+// would have with all rows local, so that a group's tiles share one expert's weights.
 struct Layer0Schedule {
   const PlanView& plan;
   int n_blocks;
   int m_group;
+  bool arrival_order;
   __device__ int count() const { return *plan.num_tiles * n_blocks; }
   __device__ TileCoord at(int w) const {
     const int m_tiles = *plan.num_tiles;
@@ -44,7 +47,7 @@ struct Layer0Schedule {
     const int base = group * m_group;
     const int size = min(m_group, m_tiles - base);
     const int r = w - group * m_group * n_blocks;
-    const int m = plan.tile_order[base + r % size];
+    const int m = arrival_order ? plan.tile_order[base + r % size] : base + r % size;
     return TileCoord{m, r / size, plan.tile_expert[m], plan.tile_rows[m]};
   }
 };
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_c
     run_dispatch_role(p.dispatch, blockIdx.x, p.n_comm, epoch, smem, p.smem_bytes, p.team);
     return;
   }
-  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.m_group};
+  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.m_group, p.wait_ready};
   Layer0Hooks<Cfg> hooks{p, epoch};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - p.n_comm, p.n_compute, smem);
 }

@@ -29,14 +29,14 @@ def pick(rs, system, mode=None, best=False, tuned=False):
     return min(out, key=lambda r: r["median_ms"]) if out else None
 
 
-def layer_table(by, layer, models, routing="uniform"):
-    print(f"\n### Layer {layer[-1]} ({routing} routing, host link, rank 0 of 8)\n")
+def layer_table(by, layer, models, routing="uniform", link="host"):
+    print(f"\n### Layer {layer[-1]} ({routing} routing, {link} link, rank 0 of 8)\n")
     print("| model | layout | tokens | cuBLAS ms (TFLOP/s) | T_gemm ms (TFLOP/s, % of cuBLAS) | T_comm ms (n) | T_seq ms | "
           "T_fused ms (n) | efficiency | sequential ms | chunked ms (C) | vs sequential | vs chunked |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(by):
-        model, layout, link, rout, tokens, lay = key
-        if lay != layer or rout != routing or model not in models:
+        model, layout, lnk, rout, tokens, lay = key
+        if lay != layer or rout != routing or lnk != link or model not in models:
             continue
         rs = by[key]
         cub, gemm = pick(rs, "cublas"), pick(rs, "comet", "gemm_only")
@@ -56,21 +56,55 @@ def layer_table(by, layer, models, routing="uniform"):
               f"{seq['median_ms'] / fused['median_ms']:.2f}x | {ch['median_ms'] / fused['median_ms']:.2f}x |")
 
 
-def forward_table(by, routing="uniform"):
-    print(f"\n### Whole layer, rank 0's forward ({routing} routing, host link)\n")
-    print("| model | layout | tokens | comet ms | sequential ms | chunked ms (C) | comet vs sequential | comet vs chunked |")
-    print("|---|---|---|---|---|---|---|---|")
+def forward_table(by, routing="uniform", link="host"):
+    print(f"\n### Whole layer, rank 0's forward ({routing} routing, {link} link)\n")
+    print("comet: both layers at the sweep's best n_comm; tuned: what a user gets by default (the tuner's picks, "
+          "picked_by table/cost_model per layer).\n")
+    print("| model | layout | tokens | comet ms | tuned ms (picked by) | sequential ms | chunked ms (C) | "
+          "comet vs sequential | comet vs chunked | tuned vs sequential |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for key in sorted(by):
-        model, layout, link, rout, tokens, lay = key
-        if lay != "fwd" or rout != routing:
+        model, layout, lnk, rout, tokens, lay = key
+        if lay != "fwd" or rout != routing or lnk != link:
             continue
         rs = by[key]
         c, s, ch = pick(rs, "comet"), pick(rs, "sequential"), pick(rs, "chunked")
+        t = pick(rs, "comet", tuned=True)
         if not (c and s and ch):
             continue
-        print(f"| {model} | {layout} | {tokens} | {c['median_ms']:.3f} | {s['median_ms']:.3f} | "
+        tuned = f"{t['median_ms']:.3f} ({t.get('picked_by')})" if t else "-"
+        tuned_vs = f"{s['median_ms'] / t['median_ms']:.2f}x" if t else "-"
+        print(f"| {model} | {layout} | {tokens} | {c['median_ms']:.3f} | {tuned} | {s['median_ms']:.3f} | "
               f"{ch['median_ms']:.3f} ({ch.get('chunks')}) | {s['median_ms'] / c['median_ms']:.2f}x | "
-              f"{ch['median_ms'] / c['median_ms']:.2f}x |")
+              f"{ch['median_ms'] / c['median_ms']:.2f}x | {tuned_vs} |")
+
+
+def tuner_table(by):
+    """The tuner's pick, timed in the same run, against the best n_comm of the sweep, per layer."""
+    print("\n### Tuner picks against the sweep's best (per layer, same run)\n")
+    rows, within = [], {"table": [0, 0], "cost_model": [0, 0]}
+    for key in sorted(by):
+        model, layout, lnk, rout, tokens, lay = key
+        if lay not in ("l0", "l1"):
+            continue
+        rs = by[key]
+        best, t = pick(rs, "comet", "fused"), pick(rs, "comet", "fused", tuned=True)
+        if not (best and t):
+            continue
+        ratio = t["median_ms"] / best["median_ms"]
+        limit = 1.03 if t.get("picked_by") == "table" else 1.10
+        w = within.setdefault(t.get("picked_by"), [0, 0])
+        w[0] += ratio <= limit
+        w[1] += 1
+        rows.append(f"| {model} | {layout} | {lnk} | {rout} | {tokens} | {lay} | {t.get('picked_by')} | "
+                    f"{t['median_ms']:.3f} ({t['n_comm']}) | {best['median_ms']:.3f} ({best['n_comm']}) | {ratio:.3f} |")
+    for name, (ok, n) in within.items():
+        if n:
+            print(f"- picked by {name}: {ok} of {n} within {'3' if name == 'table' else '10'} % of the best")
+    print("\n| model | layout | link | routing | tokens | layer | picked by | pick ms (n_comm) | best ms (n_comm) | ratio |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(r)
 
 
 if __name__ == "__main__":
@@ -78,9 +112,13 @@ if __name__ == "__main__":
     gpu = next(iter(by.values()))[0].get("gpu", "?")
     print(f"# comet-bench summary ({gpu}; files: {', '.join(sys.argv[1:])})")
     print("\nMedians of >= 10 CUDA-event-timed repeats. T_fused at the best n_comm of the sweep; T_comm at that n_comm; "
-          "efficiency = T_fused / max(T_gemm, T_comm). Every remote access crosses PCIe (link=host), ~50 GB/s.")
+          "efficiency = T_fused / max(T_gemm, T_comm). link=host: every remote access crosses PCIe, ~50 GB/s; "
+          "link=device: peers' buffers in the same GPU's HBM (no interconnect at all: an upper bound for NVLink).")
     all_models = {"mixtral", "qwen2", "phi35", "qwen57", "deepseek"}
-    layer_table(by, "l0", all_models)
-    layer_table(by, "l1", all_models)
-    forward_table(by)
-    forward_table(by, "zipf1.2")
+    links = sorted({k[2] for k in by}, key=lambda l: l != "host")
+    for link in links:
+        layer_table(by, "l0", all_models, link=link)
+        layer_table(by, "l1", all_models, link=link)
+        forward_table(by, link=link)
+        forward_table(by, "zipf1.2", link=link)
+    tuner_table(by)

@@ -37,8 +37,9 @@ struct MoeCapacity {
 
 // A layer variant with n_comm < 0 is chosen per call by the tuner (table, else cost model).
 struct MoeOptions {
-  LayerVariant layer0{256, -1, 0, 1};
-  LayerVariant layer1{256, -1, 0, 1};
+  // tile_n 0 and n_comm -1: the tuner picks them per call (table, else cost model); set them to force.
+  LayerVariant layer0{0, -1, 0, 1};
+  LayerVariant layer1{0, -1, 0, 1};
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;

@@ -40,6 +40,7 @@ struct LayerWork {
   double rows_per_unit = 1;  // destination rows per unit (a token's experts on this rank)
   int hidden = 0;
   int topk = 1;
+  int gemm_n = 0;            // the GEMM's N (layer 0: W0 rows of the shard; layer 1: H); 0: unknown
 };
 
 // Expected work of one rank for a shape, layout and tokens per rank under uniform routing.
@@ -54,6 +55,9 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
 //             layer 1 unit: l1_slice_us x 256-column chunks x top-k / 16 (the combine's batches)
 //   T_link  = link bytes / link_gbps;   T_comm = (T_block^4 + T_link^4)^(1/4)  (a smooth max)
 //   T_fused = max(T_gemm, T_comm) + overlap_penalty x min(T_gemm, T_comm)
+// Tile shape: T_gemm above is for 128x256 tiles. A 128x128 tile computes N padded to 128 instead of
+// 256 at tile128_efficiency of the rate, so it wins only where 256-wide tiles waste many columns
+// (Qwen2 tp 8: N = 352, 31 % padding).
 struct CostModel {
   double gemm_tflops_per_sm = 4.61;  // bf16 GEMM rate of one SM in the fused kernel
   double l0_unit_us = 0.50;          // a layer-0 comm block: fixed time per pulled unit
@@ -61,14 +65,22 @@ struct CostModel {
   double l1_slice_us = 0.40;         // a layer-1 comm block: time per (256 columns x 16 slots)
   double link_gbps = 52.0;           // ceiling of the link, all blocks together
   double overlap_penalty = 0.3;      // the part of the shorter side that does not hide
+  // 128x128 against 128x256 tiles at equal padding, GEMM only (H200, bench/results/h200_host_tile*.json,
+  // layer 0: 0.85-0.90; layer 1 0.74-0.79, but its N = H is a multiple of 256 in every model we know).
+  double tile128_efficiency = 0.87;
   double unit_us(const LayerWork& w) const;
+  // T_gemm of a tile shape relative to 128x256 tiles (1 for 256).
+  double tile_factor(const LayerWork& w, int tile_n) const;
+  // The compiled tile shape (128 or 256) with the smaller T_gemm; 256 among equals.
+  int best_tile_n(const LayerWork& w) const;
 
   static CostModel defaults(Link link);
-  // Predicted time (ms) of the fused layer with n_comm comm blocks out of `sms`.
-  double predict_ms(const LayerWork& w, int n_comm, int sms) const;
-  // The candidate n_comm (2, 4, 8, 16, 32, at most 40 % of sms) with the least predicted time; the
-  // fewest blocks among those within 1 % of it.
-  int best_n_comm(const LayerWork& w, int sms) const;
+  // Predicted time (ms) of the fused layer with n_comm comm blocks out of `sms`, 128x256 tiles
+  // (tile_n 128: T_gemm scaled by tile_factor).
+  double predict_ms(const LayerWork& w, int n_comm, int sms, int tile_n = 256) const;
+  // The candidate n_comm (2, 4, 8, 16, 24, 32, at most 40 % of sms) with the least predicted time;
+  // the fewest blocks among those within 1 % of it.
+  int best_n_comm(const LayerWork& w, int sms, int tile_n = 256) const;
 };
 
 struct TuneEntry {
@@ -103,7 +115,9 @@ struct TunedVariant {
   const char* picked_by = "";  // "table", "cost_model"
 };
 
-// Table first, cost model second. `base` gives the knobs a pick does not set (its m_group/n_group).
+// Table first, cost model second. `base` gives the knobs a pick does not set (its m_group/n_group);
+// base.tile_n 0 lets the pick choose the tile shape (the table's, else the cost model's), otherwise
+// it is kept and the cost model picks n_comm for it.
 TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const LayerWork& work, const LayerVariant& base);
 
 }  // namespace comet

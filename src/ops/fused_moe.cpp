@@ -24,9 +24,10 @@ int default_rows(const MoeShape& s, const Parallel& p, int max_tokens) {
   return round_up(std::max(rows, 1LL), kTileM);
 }
 
-void validate_variant(const LayerVariant& v, const char* layer) {
-  COMET_REQUIRE(kernels::is_supported_tile_n(v.tile_n), "FusedMoe ", layer, ": tile_n must be 128 or 256, got ",
-                v.tile_n);
+// tile_n 0 (the tuner picks the shape) is allowed in options, not at launch.
+void validate_variant(const LayerVariant& v, const char* layer, bool allow_auto_tile = false) {
+  COMET_REQUIRE(kernels::is_supported_tile_n(v.tile_n) || (allow_auto_tile && v.tile_n == 0), "FusedMoe ", layer,
+                ": tile_n must be 128 or 256", allow_auto_tile ? " (or 0: the tuner picks)" : "", ", got ", v.tile_n);
   COMET_REQUIRE(v.m_group >= 0 && v.n_group >= 1, "FusedMoe ", layer, ": m_group must be >= 0, n_group >= 1");
 }
 
@@ -98,8 +99,8 @@ FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const
   COMET_REQUIRE(cap_.max_rows_per_rank >= 0, "FusedMoe: MoeCapacity::max_rows_per_rank must be >= 0");
   cap_.max_rows_per_rank = cap_.max_rows_per_rank == 0 ? default_rows(shape_, par_, cap_.max_tokens_per_rank)
                                                        : round_up(cap_.max_rows_per_rank, kTileM);
-  validate_variant(options_.layer0, "layer 0");
-  validate_variant(options_.layer1, "layer 1");
+  validate_variant(options_.layer0, "layer 0", true);
+  validate_variant(options_.layer1, "layer 1", true);
   COMET_REQUIRE(options_.dispatch_store_lag == 1 || options_.dispatch_store_lag == 2 ||
                     options_.dispatch_store_lag == 4 || options_.dispatch_store_lag == 8,
                 "FusedMoe: dispatch_store_lag must be 1, 2, 4 or 8");
@@ -214,17 +215,22 @@ TuneKey FusedMoe::tune_key(int layer, int tokens_per_rank) const {
 }
 
 TunedVariant FusedMoe::resolve(int layer, int rank, const LayerVariant& v) const {
-  if (v.n_comm >= 0) return TunedVariant{v, "forced"};
+  if (v.n_comm >= 0 && v.tile_n != 0) return TunedVariant{v, "forced"};
   const int tokens = std::max(1, state(rank).tokens);
-  // (layer, tile_n, tokens bucket) in disjoint bit fields.
+  // (layer, tile_n, tokens bucket) in disjoint bit fields; the pick is made for n_comm -1 and a forced
+  // n_comm (tile_n 0: only the shape is picked) replaces its n_comm afterwards.
   const uint64_t memo = (uint64_t(layer) << 56) | (uint64_t(v.tile_n) << 40) | uint64_t(tokens_bucket(tokens));
-  if (const auto it = picks_.find(memo); it != picks_.end()) return it->second;
-  const TuneKey key = tune_key(layer, tokens);
-  TunedVariant t = pick_variant(table_, key, expected_work(shape_, par_, layer, tokens, v.tile_n), v);
-  // The pick must leave compute blocks on this device (a table from another GPU could ask for more).
-  t.variant.n_comm = std::min(t.variant.n_comm, max_blocks(layer, t.variant.tile_n) - 1);
-  if (par_.world() == 1) t.variant.n_comm = layer == 0 ? 0 : t.variant.n_comm;  // nothing to pull
-  picks_[memo] = t;
+  auto it = picks_.find(memo);
+  if (it == picks_.end()) {
+    const TuneKey key = tune_key(layer, tokens);
+    TunedVariant t = pick_variant(table_, key, expected_work(shape_, par_, layer, tokens, v.tile_n), v);
+    // The pick must leave compute blocks on this device (a table from another GPU could ask for more).
+    t.variant.n_comm = std::min(t.variant.n_comm, max_blocks(layer, t.variant.tile_n) - 1);
+    if (par_.world() == 1) t.variant.n_comm = layer == 0 ? 0 : t.variant.n_comm;  // nothing to pull
+    it = picks_.emplace(memo, t).first;
+  }
+  TunedVariant t = it->second;
+  if (v.n_comm >= 0) t.variant.n_comm = v.n_comm;
   return t;
 }
 

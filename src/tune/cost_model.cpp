@@ -18,8 +18,17 @@ double CostModel::unit_us(const LayerWork& w) const {
   return l1_slice_us * std::ceil(w.hidden / 256.0) * w.topk / 16.0;
 }
 
-double CostModel::predict_ms(const LayerWork& w, int n_comm, int sms) const {
-  const double t_gemm = w.flops / (gemm_tflops_per_sm * 1e12 * std::max(1, sms - n_comm)) * 1e3;
+double CostModel::tile_factor(const LayerWork& w, int tile_n) const {
+  if (tile_n == 256 || w.gemm_n <= 0) return 1.0;
+  auto padded = [&](int tile) { return double((w.gemm_n + tile - 1) / tile * tile); };
+  return padded(tile_n) / padded(256) / tile128_efficiency;
+}
+
+int CostModel::best_tile_n(const LayerWork& w) const { return tile_factor(w, 128) < 1.0 ? 128 : 256; }
+
+double CostModel::predict_ms(const LayerWork& w, int n_comm, int sms, int tile_n) const {
+  const double t_gemm =
+      w.flops * tile_factor(w, tile_n) / (gemm_tflops_per_sm * 1e12 * std::max(1, sms - n_comm)) * 1e3;
   double t_comm = 0;
   if (w.comm_units > 0) {
     const double t_blocks = w.comm_units * unit_us(w) / std::max(1, n_comm) * 1e-3;
@@ -29,14 +38,14 @@ double CostModel::predict_ms(const LayerWork& w, int n_comm, int sms) const {
   return std::max(t_gemm, t_comm) + overlap_penalty * std::min(t_gemm, t_comm);
 }
 
-int CostModel::best_n_comm(const LayerWork& w, int sms) const {
+int CostModel::best_n_comm(const LayerWork& w, int sms, int tile_n) const {
   std::vector<int> candidates;
-  for (int n : {2, 4, 8, 16, 32})
+  for (int n : {2, 4, 8, 16, 24, 32})
     if (n <= std::max(2, sms * 2 / 5)) candidates.push_back(n);
   double best_ms = 1e300;
-  for (int n : candidates) best_ms = std::min(best_ms, predict_ms(w, n, sms));
+  for (int n : candidates) best_ms = std::min(best_ms, predict_ms(w, n, sms, tile_n));
   for (int n : candidates)  // the fewest blocks among equals: leave SMs to the GEMM
-    if (predict_ms(w, n, sms) <= best_ms * 1.01) return n;
+    if (predict_ms(w, n, sms, tile_n) <= best_ms * 1.01) return n;
   return candidates.front();
 }
 

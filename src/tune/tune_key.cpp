@@ -37,6 +37,7 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
   w.hidden = s.hidden;
   w.topk = s.topk;
   w.flops = layer == 0 ? 2.0 * rows * s.w0_rows() / p.tp * H : 2.0 * rows * H * Fs;
+  w.gemm_n = layer == 0 ? int(s.w0_rows() / p.tp) : s.hidden;
   (void)tile_n;
   return w;
 }

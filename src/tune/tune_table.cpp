@@ -59,6 +59,7 @@ TuneTable TuneTable::load(const std::string& path) {
       c.l1_slice_us = m.at("l1_slice_us").get<double>();
       c.link_gbps = m.at("link_gbps").get<double>();
       c.overlap_penalty = m.value("overlap_penalty", c.overlap_penalty);
+      c.tile128_efficiency = m.value("tile128_efficiency", c.tile128_efficiency);
       t.models_[item.key()] = c;
     }
   } catch (const std::exception& e) {
@@ -83,7 +84,8 @@ void TuneTable::save(const std::string& path) const {
                             {"l0_store_gbps", m.l0_store_gbps},
                             {"l1_slice_us", m.l1_slice_us},
                             {"link_gbps", m.link_gbps},
-                            {"overlap_penalty", m.overlap_penalty}};
+                            {"overlap_penalty", m.overlap_penalty},
+                            {"tile128_efficiency", m.tile128_efficiency}};
   }
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());
@@ -107,9 +109,15 @@ CostModel TuneTable::model(const std::string& gpu, Link link) const {
 void TuneTable::set_model(const std::string& gpu, Link link, const CostModel& m) { models_[model_key(gpu, link)] = m; }
 
 TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const LayerWork& work, const LayerVariant& base) {
-  if (const TuneEntry* e = table.find(key)) return TunedVariant{e->variant, "table"};
+  if (const TuneEntry* e = table.find(key)) {
+    LayerVariant v = e->variant;
+    if (base.tile_n != 0) v.tile_n = base.tile_n;  // a forced shape keeps the table's n_comm
+    return TunedVariant{v, "table"};
+  }
+  const CostModel model = table.model(key.gpu, key.link);
   LayerVariant v = base;
-  v.n_comm = table.model(key.gpu, key.link).best_n_comm(work, key.sms);
+  if (v.tile_n == 0) v.tile_n = model.best_tile_n(work);
+  v.n_comm = model.best_n_comm(work, key.sms, v.tile_n);
   return TunedVariant{v, "cost_model"};
 }
 

@@ -144,12 +144,43 @@ TEST(PickVariant, TableFirstThenCostModel) {
   TuneTable t;
   t.put(key_for(0, 4096), TuneEntry{LayerVariant{128, 7, 0, 1}, 1.0});
   const LayerWork w = expected_work(MoeShape{4096, 14336, 8, 2, Activation::swiglu}, Parallel{8, 1}, 0, 4096, 256);
-  const TunedVariant hit = pick_variant(t, key_for(0, 4096), w, LayerVariant{256, -1, 0, 1});
+  const TunedVariant hit = pick_variant(t, key_for(0, 4096), w, LayerVariant{0, -1, 0, 1});
   EXPECT_STREQ(hit.picked_by, "table");
   EXPECT_EQ(hit.variant.n_comm, 7);
   EXPECT_EQ(hit.variant.tile_n, 128);
+  // A forced shape stays; the table still gives n_comm.
+  const TunedVariant forced = pick_variant(t, key_for(0, 4096), w, LayerVariant{256, -1, 0, 1});
+  EXPECT_EQ(forced.variant.tile_n, 256);
+  EXPECT_EQ(forced.variant.n_comm, 7);
   const TunedVariant miss = pick_variant(t, key_for(0, 16384), w, LayerVariant{256, -1, 3, 1});
   EXPECT_STREQ(miss.picked_by, "cost_model");
   EXPECT_GE(miss.variant.n_comm, 1);
   EXPECT_EQ(miss.variant.m_group, 3);
+}
+
+TEST(CostModel, TileShapeFollowsTheColumnsThatPaddingWastes) {
+  const CostModel m = CostModel::defaults(Link::host);
+  auto tile = [&](const MoeShape& s, const Parallel& p, int layer) {
+    return m.best_tile_n(expected_work(s, p, layer, 4096, 256));
+  };
+  const MoeShape qwen2{2048, 1408, 64, 4, Activation::swiglu}, qwen57{3584, 2560, 64, 8, Activation::swiglu};
+  const MoeShape mixtral{4096, 14336, 8, 2, Activation::swiglu}, phi35{4096, 6400, 16, 2, Activation::swiglu};
+  EXPECT_EQ(tile(qwen2, Parallel{1, 8}, 0), 128);    // N = 352: 512 with 256-wide tiles, 384 with 128
+  EXPECT_EQ(tile(qwen57, Parallel{1, 8}, 0), 128);   // N = 640: 768 against 640
+  EXPECT_EQ(tile(phi35, Parallel{1, 8}, 0), 256);    // N = 1600: 1792 against 1664, not worth the rate
+  EXPECT_EQ(tile(mixtral, Parallel{1, 8}, 0), 256);  // N = 3584 = 14 x 256
+  EXPECT_EQ(tile(qwen2, Parallel{8, 1}, 0), 256);    // N = 2816 = 11 x 256
+  EXPECT_EQ(tile(qwen2, Parallel{1, 8}, 1), 256);    // layer 1: N = H
+  // The GEMM side of the prediction scales with the padded columns over the rate.
+  const LayerWork w = expected_work(qwen2, Parallel{1, 8}, 0, 4096, 256);
+  EXPECT_NEAR(m.tile_factor(w, 128), 384.0 / 512.0 / m.tile128_efficiency, 1e-12);
+  EXPECT_LT(m.predict_ms(w, 2, 132, 128), m.predict_ms(w, 2, 132, 256));
+}
+
+TEST(PickVariant, CostModelChoosesTheShapeOnlyWhenAsked) {
+  const TuneTable empty;
+  const LayerWork w = expected_work(MoeShape{2048, 1408, 64, 4, Activation::swiglu}, Parallel{1, 8}, 0, 4096, 256);
+  TuneKey k = key_for(0, 4096);
+  EXPECT_EQ(pick_variant(empty, k, w, LayerVariant{0, -1, 0, 1}).variant.tile_n, 128);
+  EXPECT_EQ(pick_variant(empty, k, w, LayerVariant{256, -1, 0, 1}).variant.tile_n, 256);
 }

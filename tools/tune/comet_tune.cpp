@@ -80,15 +80,22 @@ LayerWork work_of(const json& r) {
   return expected_work(m.shape, par, r.value("layer", "") == "l0" ? 0 : 1, r.value("tokens_per_rank", 0), 256);
 }
 
-// Fits the comm blocks' unit costs to comm-only runs with 2 blocks (far from the link's ceiling):
-// least squares of log(predicted / measured) over a grid of the three constants.
+// Fits the comm blocks' unit costs to comm-only runs (at whatever n_comm they ran; the link's ceiling,
+// set before, is part of the prediction): least squares of log(predicted / measured) over a grid of
+// the three constants.
 void fit_comm(const std::vector<json>& runs, CostModel& c) {
   if (runs.empty()) return;
   double best = 1e300;
   CostModel fit = c;
-  for (double u0 = 0.2; u0 <= 1.0001; u0 += 0.05)
-    for (double st : {50.0, 75.0, 100.0, 150.0, 200.0, 300.0, 400.0})
-      for (double s1 = 0.1; s1 <= 1.0001; s1 += 0.025) {
+  // Log-spaced grids: over the device link a block's costs are several times smaller than over PCIe.
+  auto grid = [](double lo, double hi, int steps) {
+    std::vector<double> v;
+    for (int i = 0; i <= steps; ++i) v.push_back(lo * std::pow(hi / lo, double(i) / steps));
+    return v;
+  };
+  for (double u0 : grid(0.05, 2.0, 32))
+    for (double st : grid(25.0, 800.0, 10))
+      for (double s1 : grid(0.02, 2.0, 40)) {
         CostModel t = c;
         t.l0_unit_us = u0, t.l0_store_gbps = st, t.l1_slice_us = s1, t.overlap_penalty = 0;
         double err = 0;
@@ -112,7 +119,8 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   };
   std::map<std::string, Best> best;
   std::map<std::string, std::vector<double>> gemm_rate, link;  // by gpu|link
-  std::map<std::string, std::vector<json>> two_block_runs;
+  std::map<std::string, std::vector<json>> comm_runs;
+  std::map<std::string, std::map<int, json>> gemm_by_tile;  // layer-0 gemm_only runs by case, then tile_n
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("routing", "") != "uniform") continue;
     const std::string layer = r.value("layer", "");
@@ -121,17 +129,33 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     const std::string mode = r.value("mode", "");
     const int sms = sms_of(gpu, a.sms);
     const std::string model_key = gpu + '|' + lk;
-    if (mode == "gemm_only" && r.contains("tflops") && r["tflops"].is_number())
+    const int tile_n = r.value("tile_n", 256);
+    if (mode == "gemm_only" && layer == "l0") {
+      const std::string id = model_key + '|' + r.value("model", "") + '|' + r.value("layout", "") + '|' +
+                             std::to_string(r.value("tokens_per_rank", 0));
+      gemm_by_tile[id][tile_n] = r;
+    }
+    if (mode == "gemm_only" && tile_n == 256 && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
     if (mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
       link[model_key].push_back(r["gb_s"].get<double>());
-      if (r.value("n_comm", 0) == 2) two_block_runs[model_key].push_back(r);
+      comm_runs[model_key].push_back(r);
     }
     if (mode != "fused" || r.value("tuned", false)) continue;
     const TuneKey k = key_of(r, sms);
     Best& b = best[k.str()];
     const double ms = r.value("median_ms", 1e30);
-    if (ms < b.ms) b = Best{k, LayerVariant{r.value("tile_n", 256), r.value("n_comm", 1), 0, 1}, ms};
+    if (ms < b.ms) b = Best{k, LayerVariant{tile_n, r.value("n_comm", 1), 0, 1}, ms};
+  }
+  // 128x128 tiles' rate against 128x256 at equal padding, from cases measured with both shapes.
+  std::map<std::string, std::vector<double>> tile128;
+  for (const auto& [id, by_tile] : gemm_by_tile) {
+    if (!by_tile.count(128) || !by_tile.count(256)) continue;
+    const json& r128 = by_tile.at(128);
+    const int n = work_of(r128).gemm_n;
+    const double pad = double((n + 127) / 128 * 128) / double((n + 255) / 256 * 256);
+    tile128[id.substr(0, id.find('|', id.find('|') + 1))].push_back(
+        by_tile.at(256).value("median_ms", 0.0) / r128.value("median_ms", 1.0) * pad);
   }
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});
@@ -143,11 +167,13 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     CostModel c = CostModel::defaults(lk);
     c.gemm_tflops_per_sm = median(rates);
     if (!link[mk].empty()) c.link_gbps = *std::max_element(link[mk].begin(), link[mk].end());
-    fit_comm(two_block_runs[mk], c);
+    fit_comm(comm_runs[mk], c);
+    if (!tile128[mk].empty()) c.tile128_efficiency = median(tile128[mk]);
     table.set_model(gpu, lk, c);
     std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM; comm block: layer 0 %.2f us per unit + stores at %.0f "
-                "GB/s, layer 1 %.3f us per slice batch; link %.1f GB/s\n", mk.c_str(), c.gemm_tflops_per_sm,
-                c.l0_unit_us, c.l0_store_gbps, c.l1_slice_us, c.link_gbps);
+                "GB/s, layer 1 %.3f us per slice batch; link %.1f GB/s; 128x128 tiles at %.2f of the rate (%zu cases)\n",
+                mk.c_str(), c.gemm_tflops_per_sm, c.l0_unit_us, c.l0_store_gbps, c.l1_slice_us, c.link_gbps,
+                c.tile128_efficiency, tile128[mk].size());
   }
 }
 
@@ -160,9 +186,11 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
   std::map<std::string, Case> cases;
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
+    if (r.value("tile_n", 256) != 256) continue;  // the n_comm sweeps are of 128x256 tiles
     const std::string layer = r.value("layer", "");
     if (layer != "l0" && layer != "l1") continue;
-    const std::string id = r.value("model", "") + ' ' + r.value("layout", "") + ' ' + r.value("routing", "") + " T=" +
+    const std::string id = r.value("model", "") + ' ' + r.value("layout", "") + ' ' + r.value("link", "") + ' ' +
+                           r.value("routing", "") + " T=" +
                            std::to_string(r.value("tokens_per_rank", 0)) + ' ' + layer;
     Case& c = cases[id];
     if (c.sweep.empty()) c.first = r;

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "comet/bf16.hpp"
@@ -201,6 +202,32 @@ TEST(FusedMoe, Layer0ModesAgree) {
     if (plan.view().row_unit[row] < 0) continue;
     ASSERT_EQ(0, std::memcmp(&fused[size_t(row) * Fs], &split[size_t(row) * Fs], size_t(Fs) * 2)) << "row " << row;
   }
+}
+
+// Default options: the tuner picks tile shape and n_comm per layer. With an empty table the cost model
+// takes 128x128 tiles for layer 0 of a shard whose N (352) wastes 31 % of 256-wide tiles, and 128x256
+// for layer 1 (N = H = 256); F_s = 176 is not a multiple of the 64-wide K step either.
+TEST(FusedMoe, DefaultOptionsLetTheTunerPickTheTileShape) {
+  setenv("COMET_TUNE_TABLE", "/nonexistent/comet-test/tune.json", 1);
+  Case c{"auto", MoeShape{256, 352, 8, 2, Activation::swiglu}, Parallel{1, 2}, {70, 33}};
+  c.l0 = c.l1 = LayerVariant{0, -1, 0, 1};
+  Harness h(c);
+  unsetenv("COMET_TUNE_TABLE");
+  for (int r = 0; r < 2; ++r) h.moe.stage(r, h.ranks[r]->batch());
+  const TunedVariant t0 = h.moe.resolve(0, 0, h.moe.options().layer0);
+  const TunedVariant t1 = h.moe.resolve(1, 0, h.moe.options().layer1);
+  EXPECT_STREQ(t0.picked_by, "cost_model");
+  EXPECT_EQ(t0.variant.tile_n, 128);
+  EXPECT_EQ(t1.variant.tile_n, 256);
+  EXPECT_GE(t0.variant.n_comm, 1);
+  // A forced n_comm with an automatic shape keeps the shape pick.
+  EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.tile_n, 128);
+  EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.n_comm, 3);
+  h.team.barrier();
+  h.moe.forward(h.batches());
+  h.moe.sync_and_check();
+  check_outputs(h, h.outputs());
+  check_layers(h);
 }
 
 TEST(FusedMoe, RejectsBadInputBeforeLaunch) {

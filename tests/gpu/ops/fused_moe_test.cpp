@@ -204,10 +204,10 @@ TEST(FusedMoe, Layer0ModesAgree) {
   }
 }
 
-// Default options: the tuner picks tile shape and n_comm per layer. With an empty table the cost model
-// takes 128x128 tiles for layer 0 of a shard whose N (352) wastes 31 % of 256-wide tiles, and 128x256
+// Automatic options (tile_n 0, n_comm -1): the tuner picks tile shape and n_comm per layer. With an
+// empty table the cost model takes 128x128 tiles for layer 0 of a shard whose N (352) wastes 31 % of 256-wide tiles, and 128x256
 // for layer 1 (N = H = 256); F_s = 176 is not a multiple of the 64-wide K step either.
-TEST(FusedMoe, DefaultOptionsLetTheTunerPickTheTileShape) {
+TEST(FusedMoe, AutomaticOptionsLetTheTunerPickTheTileShape) {
   setenv("COMET_TUNE_TABLE", "/nonexistent/comet-test/tune.json", 1);
   Case c{"auto", MoeShape{256, 352, 8, 2, Activation::swiglu}, Parallel{1, 2}, {70, 33}};
   c.l0 = c.l1 = LayerVariant{0, -1, 0, 1};

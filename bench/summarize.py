@@ -107,7 +107,30 @@ def tuner_table(by):
         print(r)
 
 
+def schedule_table(by, before, layer="l0"):
+    """The fused layer at its best n_comm, in these results against earlier ones (another schedule)."""
+    print(f"\n### Fused layer {layer[-1]}: these results against {', '.join(before['files'])} (host link)\n")
+    print("| model | layout | routing | tokens | T_fused ms (n) here | T_fused ms (n) there | here / there |")
+    print("|---|---|---|---|---|---|---|")
+    for key in sorted(by):
+        model, layout, lnk, rout, tokens, lay = key
+        if lay != layer or lnk != "host" or key not in before["by"]:
+            continue
+        a, b = pick(by[key], "comet", "fused"), pick(before["by"][key], "comet", "fused")
+        if a and b:
+            print(f"| {model} | {layout} | {rout} | {tokens} | {a['median_ms']:.3f} ({a['n_comm']}) | "
+                  f"{b['median_ms']:.3f} ({b['n_comm']}) | {a['median_ms'] / b['median_ms']:.3f} |")
+
+
 if __name__ == "__main__":
+    args = sys.argv[1:]
+    before = None
+    if "--before" in args:  # --before FILE[,FILE...]: compare the fused layer 0 with earlier results
+        i = args.index("--before")
+        files = args[i + 1].split(",")
+        before = {"files": files, "by": index(load(files))}
+        del args[i:i + 2]
+    sys.argv[1:] = args
     by = index(load(sys.argv[1:]))
     gpu = next(iter(by.values()))[0].get("gpu", "?")
     print(f"# comet-bench summary ({gpu}; files: {', '.join(sys.argv[1:])})")
@@ -122,3 +145,5 @@ if __name__ == "__main__":
         forward_table(by, link=link)
         forward_table(by, "zipf1.2", link=link)
     tuner_table(by)
+    if before:
+        schedule_table(by, before)

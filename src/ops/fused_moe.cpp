@@ -40,14 +40,18 @@ kernels::EpilogueOp activation_op(Activation a) {
   return kernels::EpilogueOp::none;
 }
 
-// m_group 0: at least one wave of work items (m_group x column blocks ~ compute blocks), and as many
-// M-tiles as a quarter of L2 holds of A. A group reads its A tiles once and every B slab once, so B
-// crosses HBM (M-tiles / m_group) times: with one wave per group, Mixtral's 235 MB expert (ep8,
-// 112 column blocks, m_group 2) was re-read every 256 rows and the GEMM ran at 554 TFLOP/s.
-int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t a_tile_bytes, size_t l2_bytes) {
+// m_group 0: about one wave of work items (m_group x column blocks ~ compute blocks). Without waits
+// (gemm_only) also at least as many M-tiles as a quarter of L2 holds of A: a group reads its A tiles
+// once and every B slab once, so B crosses HBM (M-tiles / m_group) times; with one wave per group
+// Mixtral's 235 MB expert (ep8, 112 column blocks, m_group 2) was re-read every 256 rows and the
+// GEMM ran at 554 TFLOP/s (16384 tokens; 623-671 with the L2 rule). The fused kernel keeps one wave:
+// its groups follow arrival, and with the L2 rule its blocks waited on late tiles (H200 sweeps,
+// fb5687d against 2ceb628: layer 0 up to 1.37x slower at 1024 tokens, 4 % faster at 16384).
+int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t a_tile_bytes, size_t l2_bytes,
+                 bool waits_for_rows) {
   if (m_group > 0) return m_group;
   const int wave = (compute_blocks + blocks_per_m_tile - 1) / std::max(1, blocks_per_m_tile);
-  const int l2_fit = int(l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
+  const int l2_fit = waits_for_rows ? 0 : int(l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
   return std::clamp(std::max(wave, l2_fit), 1, 16);
 }
 
@@ -276,7 +280,7 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, U
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, (l.n0 + v.tile_n - 1) / v.tile_n,
-                           size_t(kTileM) * shape_.hidden * 2, l2_bytes_);
+                           size_t(kTileM) * shape_.hidden * 2, l2_bytes_, mode == LayerMode::fused && v.n_comm > 0);
   l.mode = mode;
   l.team = team_.device_view(rank);
   if (mode == LayerMode::fused && v.n_comm == 0) l.mode = LayerMode::gemm_only;  // W == 1: nothing to pull
@@ -314,7 +318,7 @@ void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& requested, U
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, std::min(v.n_group, (H + v.tile_n - 1) / v.tile_n),
-                           size_t(kTileM) * l.ffn_shard * 2, l2_bytes_);
+                           size_t(kTileM) * l.ffn_shard * 2, l2_bytes_, mode == LayerMode::fused);
   l.n_group = v.n_group;
   l.mode = mode;
   l.team = team_.device_view(rank);

@@ -12,6 +12,7 @@
 #include "comet/bf16.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
+#include "support/layer_checks.hpp"
 #include "support/moe_problem.hpp"
 
 using namespace comet;
@@ -103,55 +104,6 @@ std::vector<std::vector<float>> run_system(Problem& p, Layer& l, const System& s
   return p.outputs();
 }
 
-std::vector<bf16_bits> download_bf16(const void* ptr, size_t n) {
-  std::vector<bf16_bits> h(n);
-  COMET_CUDA_CHECK(cudaMemcpy(h.data(), ptr, n * 2, cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Hidden rows = act(w0_e x) on the rank's F shard; expert outputs = w1_e[:, shard] * (the GPU's own
-// hidden row), which isolates GEMM1 from GEMM0's rounding. Same tolerances as the fused layer's test.
-void check_layers(const Problem& p, Layer& l, const std::string& what) {
-  const MoeShape& s = p.problem.shape;
-  const Parallel& par = p.problem.par;
-  const int H = s.hidden, Fs = par.ffn_shard(s), k = s.topk;
-  for (int r = 0; r < par.world(); ++r) {
-    const HostPlan plan = l.moe.plan(r).to_host(l.team.stream(r));
-    const PlanView& v = plan.view();
-    const int rows = v.expert_offset[par.local_experts(s)];
-    const auto hid = from_bf16(download_bf16(l.moe.hidden(r), size_t(rows) * Fs));
-    const auto y = from_bf16(download_bf16(l.moe.expert_out(r), size_t(rows) * H));
-    std::vector<float> hid_ref, hid_got, y_ref, y_got;
-    const int f0 = par.tp_index(r) * Fs;
-    for (int row = 0; row < rows; ++row) {
-      const int u = v.row_unit[row];
-      if (u < 0) continue;
-      const auto& in = p.problem.inputs[v.unit_src[u]];
-      const int e = in.ids[size_t(v.unit_token[u]) * k + v.row_slot[row]];
-      const float* x = &in.x[size_t(v.unit_token[u]) * H];
-      const auto ref = reference::expert_hidden(s, p.problem.weights, e, x, f0, f0 + Fs);
-      hid_ref.insert(hid_ref.end(), ref.begin(), ref.end());
-      hid_got.insert(hid_got.end(), hid.begin() + size_t(row) * Fs, hid.begin() + size_t(row + 1) * Fs);
-      const auto yr = reference::expert_output(s, p.problem.weights, e, &hid[size_t(row) * Fs], f0, f0 + Fs);
-      y_ref.insert(y_ref.end(), yr.begin(), yr.end());
-      y_got.insert(y_got.end(), y.begin() + size_t(row) * H, y.begin() + size_t(row + 1) * H);
-    }
-    EXPECT_LT(relative_error(hid_got, hid_ref), 1e-2) << what << ": GEMM0 + activation, rank " << r;
-    EXPECT_LT(worst_row_error(hid_got, hid_ref, Fs), 3e-2) << what << ": GEMM0 + activation, rank " << r;
-    EXPECT_LT(relative_error(y_got, y_ref), 1e-2) << what << ": GEMM1, rank " << r;
-    EXPECT_LT(worst_row_error(y_got, y_ref, H), 3e-2) << what << ": GEMM1, rank " << r;
-  }
-}
-
-void check_outputs(const Problem& p, const std::vector<std::vector<float>>& ref,
-                   const std::vector<std::vector<float>>& got, const std::string& what) {
-  for (size_t r = 0; r < ref.size(); ++r) {
-    EXPECT_LT(relative_error(got[r], ref[r]), 1.5e-2) << what << ": forward, rank " << r;
-    if (!ref[r].empty())
-      EXPECT_LT(worst_row_error(got[r], ref[r], p.problem.shape.hidden), 5e-2) << what << ": forward, rank " << r;
-  }
-}
-
 class BaselinesCase : public ::testing::TestWithParam<Case> {};
 
 TEST_P(BaselinesCase, MatchesReference) {
@@ -162,8 +114,8 @@ TEST_P(BaselinesCase, MatchesReference) {
     SCOPED_TRACE(sys.name);
     Layer l(p, c.link);
     const auto got = run_system(p, l, sys);
-    check_outputs(p, ref, got, sys.name);
-    if (sys.check_layers) check_layers(p, l, sys.name);
+    expect_outputs_match(p.problem, ref, got, sys.name);
+    if (sys.check_layers) expect_layers_match(p.problem, l.moe, l.team, sys.name);
   }
 }
 

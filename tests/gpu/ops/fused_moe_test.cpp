@@ -10,6 +10,7 @@
 #include "comet/bf16.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
+#include "support/layer_checks.hpp"
 #include "support/moe_problem.hpp"
 
 using namespace comet;
@@ -74,51 +75,11 @@ struct Harness {
   }
 };
 
-std::vector<bf16_bits> download_bf16(const void* p, size_t n) {
-  std::vector<bf16_bits> h(n);
-  COMET_CUDA_CHECK(cudaMemcpy(h.data(), p, n * 2, cudaMemcpyDeviceToHost));
-  return h;
-}
-
-// Layer 0: every row of every rank's hidden buffer equals act(w0_e x) on the rank's F shard.
-// Layer 1: every row of Y equals w1_e[:, shard] * (the GPU's own hidden row), isolating layer 1.
-void check_layers(Harness& h) {
-  const MoeShape& s = h.problem.shape;
-  const Parallel& p = h.problem.par;
-  const int H = s.hidden, Fs = p.ffn_shard(s), k = s.topk;
-  for (int r = 0; r < p.world(); ++r) {
-    const HostPlan plan = h.moe.plan(r).to_host(h.team.stream(r));
-    const PlanView& v = plan.view();
-    const int rows = v.expert_offset[p.local_experts(s)];
-    const auto hid = from_bf16(download_bf16(h.moe.hidden(r), size_t(rows) * Fs));
-    const auto y = from_bf16(download_bf16(h.moe.expert_out(r), size_t(rows) * H));
-    std::vector<float> hid_ref, hid_got, y_ref, y_got;
-    const int f0 = p.tp_index(r) * Fs;
-    for (int row = 0; row < rows; ++row) {
-      const int u = v.row_unit[row];
-      if (u < 0) continue;
-      const auto& in = h.problem.inputs[v.unit_src[u]];
-      const int e = in.ids[size_t(v.unit_token[u]) * k + v.row_slot[row]];
-      const auto ref = reference::expert_hidden(s, h.problem.weights, e, &in.x[size_t(v.unit_token[u]) * H], f0, f0 + Fs);
-      hid_ref.insert(hid_ref.end(), ref.begin(), ref.end());
-      hid_got.insert(hid_got.end(), hid.begin() + size_t(row) * Fs, hid.begin() + size_t(row + 1) * Fs);
-      const auto yr = reference::expert_output(s, h.problem.weights, e, &hid[size_t(row) * Fs], f0, f0 + Fs);
-      y_ref.insert(y_ref.end(), yr.begin(), yr.end());
-      y_got.insert(y_got.end(), y.begin() + size_t(row) * H, y.begin() + size_t(row + 1) * H);
-    }
-    EXPECT_LT(relative_error(hid_got, hid_ref), 1e-2) << "layer 0, rank " << r;
-    EXPECT_LT(worst_row_error(hid_got, hid_ref, Fs), 3e-2) << "layer 0, rank " << r;
-    EXPECT_LT(relative_error(y_got, y_ref), 1e-2) << "layer 1 GEMM, rank " << r;
-    EXPECT_LT(worst_row_error(y_got, y_ref, H), 3e-2) << "layer 1 GEMM, rank " << r;
-  }
-}
+void check_layers(const Harness& h) { expect_layers_match(h.problem, h.moe, h.team, "fused"); }
 
 void check_outputs(const Harness& h, const std::vector<std::vector<float>>& got) {
   const auto ref = reference::forward(h.problem.shape, h.problem.par, h.problem.weights, h.problem.inputs);
-  for (size_t r = 0; r < ref.size(); ++r) {
-    EXPECT_LT(relative_error(got[r], ref[r]), 1.5e-2) << "forward, rank " << r;
-    if (!ref[r].empty()) EXPECT_LT(worst_row_error(got[r], ref[r], h.problem.shape.hidden), 5e-2) << "rank " << r;
-  }
+  expect_outputs_match(h.problem, ref, got, "fused");
 }
 
 class FusedMoeCase : public ::testing::TestWithParam<Case> {};

@@ -21,7 +21,7 @@ sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (LocalTeam)
   --links LIST             host,device                                    (default: host,device)
   --routings LIST          uniform,zipf1.2,one_expert                     (default: uniform,zipf1.2)
   --tokens LIST            tokens per rank                                (default: 1024,2048,4096,8192,16384)
-  --n-comm LIST            comm blocks of comet's fused sweep             (default: 1,2,4,8,16,24,32)
+  --n-comm LIST            comm blocks of comet's fused sweep (0: sequential mode) (default: 1,2,4,8,16,24,32)
   --layers LIST            l0,l1,fwd                                      (default: all)
   --systems LIST           cublas,comet,sequential,chunked                (default: all)
   --chunks LIST            chunked baseline's C values                    (default: 2,4,8)
@@ -162,7 +162,7 @@ BenchOptions parse_options(int argc, char** argv) {
     }
   }
   for (int t : o.tokens) COMET_REQUIRE(t >= 1, "--tokens: values must be >= 1");
-  for (int n : o.n_comm) COMET_REQUIRE(n >= 1, "--n-comm: values must be >= 1");
+  for (int n : o.n_comm) COMET_REQUIRE(n >= 0, "--n-comm: values must be >= 0 (0: FusedMoe's sequential mode)");
   for (int c : o.chunks) COMET_REQUIRE(c >= 1, "--chunks: values must be >= 1");
   COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 256, "--tile-n must be 128 or 256");
   COMET_REQUIRE(o.reps >= 1 && o.warmup >= 0, "--reps must be >= 1 and --warmup >= 0");

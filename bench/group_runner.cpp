@@ -217,7 +217,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         if (t.median_ms < fused[best].median_ms) best = n;
       best_n[layer] = best;
       for (const auto& [n, t] : fused) {
-        if (!o_.comm_all && n != best) continue;
+        if (n == 0 || (!o_.comm_all && n != best)) continue;  // n 0: sequential mode, no comm blocks
         comm[n] = time(pre, run(LayerMode::comm_only, n));
       }
       for (const auto& [n, t] : comm) {
@@ -251,7 +251,10 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       }
       line += std::string(" | comet ") + name;
       note(" gemm %.3f fused %.3f", gemm.median_ms, fused[best].median_ms);
-      note(" (n=%.0f) eff %.2f", best, fused[best].median_ms / std::max(gemm.median_ms, comm[best].median_ms));
+      if (best > 0)
+        note(" (n=%.0f) eff %.2f", best, fused[best].median_ms / std::max(gemm.median_ms, comm[best].median_ms));
+      else
+        note(" (n=%.0f: sequential mode)", 0, 0);
     }
   }
 

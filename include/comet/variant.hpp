@@ -10,7 +10,8 @@ enum class LayerMode : int { fused = 0, gemm_only = 1, comm_only = 2 };
 
 struct LayerVariant {
   int tile_n = 256;  // compiled GEMM tiles: 128x256 or 128x128 (TileM is 128); 0 in MoeOptions: tuner's pick
-  int n_comm = 2;    // comm blocks; the rest of the resident grid computes
+  int n_comm = 2;    // comm blocks; the rest of the resident grid computes. 0: sequential mode (the
+                     // communication runs as its own launch on the whole GPU, before or after the GEMM)
   int m_group = 0;   // rasterisation: M-tiles per group (L2 reuse); 0: about one wave of the grid
   int n_group = 1;   // layer 1: column blocks per group shipped together
 };

@@ -245,8 +245,6 @@ LayerVariant FusedMoe::launch_variant(int layer, int rank, LayerMode mode, const
   validate_variant(v, name);
   COMET_REQUIRE(v.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0");
   COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe ", name, ": a unit range needs comm_only mode");
-  COMET_REQUIRE(layer == 1 || mode != LayerMode::fused || par_.world() == 1 || v.n_comm >= 1,
-                "FusedMoe layer 0: with remote ranks the fused kernel needs n_comm >= 1");
   const int limit = max_blocks(layer, v.tile_n);
   COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < limit, "FusedMoe ", name, ": n_comm ", v.n_comm,
                 " leaves no compute block (", limit, " resident blocks)");
@@ -283,7 +281,17 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, U
                            size_t(kTileM) * shape_.hidden * 2, l2_bytes_, mode == LayerMode::fused && v.n_comm > 0);
   l.mode = mode;
   l.team = team_.device_view(rank);
-  if (mode == LayerMode::fused && v.n_comm == 0) l.mode = LayerMode::gemm_only;  // W == 1: nothing to pull
+  if (mode == LayerMode::fused && v.n_comm == 0) {
+    // Sequential mode (n_comm 0): no comm blocks inside the GEMM. With remote ranks the pull runs first,
+    // as its own launch over the whole GPU (where the link is as fast as HBM this beats a few comm
+    // blocks: docs/design-changes.md); with W = 1 there is nothing to pull.
+    if (par_.world() > 1) {
+      l.mode = LayerMode::comm_only;
+      l.n_comm = limit;
+      kernels::launch_layer0(l, s.stream);
+    }
+    l.mode = LayerMode::gemm_only;
+  }
   kernels::launch_layer0(l, s.stream);
 }
 

@@ -165,6 +165,21 @@ TEST(FusedMoe, Layer0ModesAgree) {
   }
 }
 
+// Sequential mode (n_comm 0 in both layers): the pull, the GEMMs and the combine as separate launches
+// on the whole GPU. Same tiles and the same deterministic combine, so the outputs equal the fused
+// run's bitwise, and the reference's.
+TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
+  Harness h(Case{"ep4_host", kSmallSwiglu, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::host});
+  h.run(LayerVariant{256, 2, 0, 1}, LayerVariant{256, 4, 0, 1});
+  const auto fused = h.outputs();
+  h.run(LayerVariant{256, 0, 0, 1}, LayerVariant{256, 0, 0, 1});
+  const auto sequential = h.outputs();
+  check_outputs(h, sequential);
+  check_layers(h);
+  for (size_t r = 0; r < fused.size(); ++r)
+    EXPECT_EQ(0, std::memcmp(fused[r].data(), sequential[r].data(), fused[r].size() * sizeof(float))) << "rank " << r;
+}
+
 // Automatic options (tile_n 0, n_comm -1): the tuner picks tile shape and n_comm per layer. With an
 // empty table the cost model takes 128x128 tiles for layer 0 of a shard whose N (352) wastes 31 % of 256-wide tiles, and 128x256
 // for layer 1 (N = H = 256); F_s = 176 is not a multiple of the 64-wide K step either.

@@ -48,10 +48,10 @@ kernels::EpilogueOp activation_op(Activation a) {
 // its groups follow arrival, and with the L2 rule its blocks waited on late tiles (H200 sweeps,
 // fb5687d against 2ceb628: layer 0 up to 1.37x slower at 1024 tokens, 4 % faster at 16384).
 int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t a_tile_bytes, size_t l2_bytes,
-                 bool waits_for_rows) {
+                 bool fused_kernel) {
   if (m_group > 0) return m_group;
   const int wave = (compute_blocks + blocks_per_m_tile - 1) / std::max(1, blocks_per_m_tile);
-  const int l2_fit = waits_for_rows ? 0 : int(l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
+  const int l2_fit = fused_kernel ? 0 : int(l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
   return std::clamp(std::max(wave, l2_fit), 1, 16);
 }
 

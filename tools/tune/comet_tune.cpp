@@ -120,7 +120,8 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   std::map<std::string, Best> best;
   std::map<std::string, std::vector<double>> gemm_rate, link;  // by gpu|link
   std::map<std::string, std::vector<json>> comm_runs;
-  std::map<std::string, std::map<int, json>> gemm_by_tile;  // layer-0 gemm_only runs by case, then tile_n
+  // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
+  std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("routing", "") != "uniform") continue;
     const std::string layer = r.value("layer", "");
@@ -131,9 +132,9 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     const std::string model_key = gpu + '|' + lk;
     const int tile_n = r.value("tile_n", 256);
     if (mode == "gemm_only" && layer == "l0") {
-      const std::string id = model_key + '|' + r.value("model", "") + '|' + r.value("layout", "") + '|' +
+      const std::string id = r.value("model", "") + '|' + r.value("layout", "") + '|' +
                              std::to_string(r.value("tokens_per_rank", 0));
-      gemm_by_tile[id][tile_n] = r;
+      gemm_by_tile[model_key][id][tile_n] = r;
     }
     if (mode == "gemm_only" && tile_n == 256 && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
@@ -149,14 +150,14 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   }
   // 128x128 tiles' rate against 128x256 at equal padding, from cases measured with both shapes.
   std::map<std::string, std::vector<double>> tile128;
-  for (const auto& [id, by_tile] : gemm_by_tile) {
-    if (!by_tile.count(128) || !by_tile.count(256)) continue;
-    const json& r128 = by_tile.at(128);
-    const int n = work_of(r128).gemm_n;
-    const double pad = double((n + 127) / 128 * 128) / double((n + 255) / 256 * 256);
-    tile128[id.substr(0, id.find('|', id.find('|') + 1))].push_back(
-        by_tile.at(256).value("median_ms", 0.0) / r128.value("median_ms", 1.0) * pad);
-  }
+  for (const auto& [mk, cases] : gemm_by_tile)
+    for (const auto& [id, by_tile] : cases) {
+      if (!by_tile.count(128) || !by_tile.count(256)) continue;
+      const json& r128 = by_tile.at(128);
+      const int n = work_of(r128).gemm_n;
+      const double pad = double((n + 127) / 128 * 128) / double((n + 255) / 256 * 256);
+      tile128[mk].push_back(by_tile.at(256).value("median_ms", 0.0) / r128.value("median_ms", 1.0) * pad);
+    }
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});
     std::printf("  %-78s n_comm %2d  tile %d  %.3f ms\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms);

@@ -199,7 +199,6 @@ TEST(FusedMoe, AutomaticOptionsLetTheTunerPickTheTileShape) {
   // A forced n_comm with an automatic shape keeps the shape pick.
   EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.tile_n, 128);
   EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.n_comm, 3);
-  h.team.barrier();
   h.moe.forward(h.batches());
   h.moe.sync_and_check();
   check_outputs(h, h.outputs());

@@ -37,11 +37,10 @@ struct MoeCapacity {
 
 // A layer variant with n_comm < 0 is chosen per call by the tuner (table, else cost model).
 struct MoeOptions {
-  // n_comm -1: the tuner picks it per call (table, else cost model); tile_n 0 lets it pick the tile
-  // shape as well (opt-in until its GPU test, FusedMoe.AutomaticOptionsLetTheTunerPickTheTileShape, has
-  // run on the H200); set both to force a variant.
-  LayerVariant layer0{256, -1, 0, 1};
-  LayerVariant layer1{256, -1, 0, 1};
+  // n_comm -1: the tuner picks it per call (table, else cost model); tile_n 0: it picks the compiled
+  // tile shape as well; set both to force a variant.
+  LayerVariant layer0{0, -1, 0, 1};
+  LayerVariant layer1{0, -1, 0, 1};
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;

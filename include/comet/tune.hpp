@@ -55,6 +55,7 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
 //             layer 1 unit: l1_slice_us x 256-column chunks x top-k / 16 (the combine's batches)
 //   T_link  = link bytes / link_gbps;   T_comm = (T_block^4 + T_link^4)^(1/4)  (a smooth max)
 //   T_fused = max(T_gemm, T_comm) + overlap_penalty x min(T_gemm, T_comm)
+//   n_comm 0 (sequential mode): T_comm with every SM pulling, plus T_gemm on every SM
 // Tile shape: T_gemm above is for 128x256 tiles. A 128x128 tile computes N padded to 128 instead of
 // 256 at tile128_efficiency of the rate, so it wins only where 256-wide tiles waste many columns
 // (Qwen2 tp 8: N = 352, 31 % padding).
@@ -68,6 +69,9 @@ struct CostModel {
   // 128x128 against 128x256 tiles at equal padding, GEMM only (H200, bench/results/h200_host_tile*.json,
   // layer 0: 0.85-0.90; layer 1 0.74-0.79, but its N = H is a multiple of 256 in every model we know).
   double tile128_efficiency = 0.87;
+  // Sequential mode (n_comm 0: communication on every SM, then the GEMM) is picked only when predicted
+  // faster than every comm-block count by this fraction.
+  double sequential_margin = 0.05;
   double unit_us(const LayerWork& w) const;
   // T_gemm of a tile shape relative to 128x256 tiles (1 for 256).
   double tile_factor(const LayerWork& w, int tile_n) const;
@@ -79,7 +83,8 @@ struct CostModel {
   // (tile_n 128: T_gemm scaled by tile_factor).
   double predict_ms(const LayerWork& w, int n_comm, int sms, int tile_n = 256) const;
   // The candidate n_comm (2, 4, 8, 16, 24, 32, at most 40 % of sms) with the least predicted time;
-  // the fewest blocks among those within 1 % of it.
+  // the fewest blocks among those within 1 % of it; 0 (sequential mode) if that is predicted
+  // sequential_margin faster still.
   int best_n_comm(const LayerWork& w, int sms, int tile_n = 256) const;
 };
 

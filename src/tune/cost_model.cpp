@@ -27,14 +27,16 @@ double CostModel::tile_factor(const LayerWork& w, int tile_n) const {
 int CostModel::best_tile_n(const LayerWork& w) const { return tile_factor(w, 128) < 1.0 ? 128 : 256; }
 
 double CostModel::predict_ms(const LayerWork& w, int n_comm, int sms, int tile_n) const {
-  const double t_gemm =
-      w.flops * tile_factor(w, tile_n) / (gemm_tflops_per_sm * 1e12 * std::max(1, sms - n_comm)) * 1e3;
+  // Sequential mode (n_comm 0): the communication on every SM, then the GEMM on every SM.
+  const int gemm_sms = n_comm == 0 ? sms : std::max(1, sms - n_comm);
+  const double t_gemm = w.flops * tile_factor(w, tile_n) / (gemm_tflops_per_sm * 1e12 * gemm_sms) * 1e3;
   double t_comm = 0;
   if (w.comm_units > 0) {
-    const double t_blocks = w.comm_units * unit_us(w) / std::max(1, n_comm) * 1e-3;
+    const double t_blocks = w.comm_units * unit_us(w) / (n_comm == 0 ? sms : n_comm) * 1e-3;
     const double t_link = w.link_bytes / (link_gbps * 1e9) * 1e3;
     t_comm = std::pow(std::pow(t_blocks, 4.0) + std::pow(t_link, 4.0), 0.25);
   }
+  if (n_comm == 0) return t_gemm + t_comm;
   return std::max(t_gemm, t_comm) + overlap_penalty * std::min(t_gemm, t_comm);
 }
 
@@ -44,6 +46,9 @@ int CostModel::best_n_comm(const LayerWork& w, int sms, int tile_n) const {
     if (n <= std::max(2, sms * 2 / 5)) candidates.push_back(n);
   double best_ms = 1e300;
   for (int n : candidates) best_ms = std::min(best_ms, predict_ms(w, n, sms, tile_n));
+  // Sequential mode only where the model sees a clear win (its overlap term is the least certain part):
+  // a fast link whose transfer is bound by the blocks' own rate, not by the link.
+  if (w.comm_units > 0 && predict_ms(w, 0, sms, tile_n) < best_ms * (1.0 - sequential_margin)) return 0;
   for (int n : candidates)  // the fewest blocks among equals: leave SMs to the GEMM
     if (predict_ms(w, n, sms, tile_n) <= best_ms * 1.01) return n;
   return candidates.front();

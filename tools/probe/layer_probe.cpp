@@ -108,7 +108,10 @@ int main(int argc, char** argv) {
   const LayerVariant base{256, 2, std::getenv("COMET_M_GROUP") ? std::atoi(std::getenv("COMET_M_GROUP")) : 0,
                           std::getenv("COMET_N_GROUP") ? std::atoi(std::getenv("COMET_N_GROUP")) : 1};
   if (const char* lag = std::getenv("COMET_STORE_LAG")) moe.options().dispatch_store_lag = std::atoi(lag);
-  std::printf("m_group %d, store lag %d\n", base.m_group, moe.options().dispatch_store_lag);
+  cudaDeviceProp prop{};
+  COMET_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s: %d SMs, L2 %zu bytes; m_group %d (0: automatic), store lag %d\n", prop.name,
+              prop.multiProcessorCount, size_t(prop.l2CacheSize), base.m_group, moe.options().dispatch_store_lag);
   for (int layer = 0; layer < 2; ++layer) {
     auto run = [&](LayerMode m, int n_comm) {
       LayerVariant v = base;

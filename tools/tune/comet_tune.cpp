@@ -1,15 +1,17 @@
 // comet-tune: fills the tuner's table (TuneTable::default_path(), or --table) for model configs.
 //
-//   comet-tune --model mixtral --layout ep8 --link host --tokens 1024,4096 [--n-comm 1,2,4,8,16,24,32]
-//       measures on this GPU: runs comet-bench's comet sweep (fused at every n_comm, comm-only at every
-//       n_comm, gemm-only) for the config, then records the best variant per (layer, tokens bucket) and
-//       calibrates the cost model (GEMM rate per SM, per-block comm rates, link ceiling)
+//   comet-tune --model mixtral --layout ep8 --link host --tokens 1024,4096 [--n-comm 0,1,2,4,8,16,24,32]
+//       measures on this GPU: runs comet-bench's comet sweep (fused at every n_comm, 0 being the
+//       sequential mode; comm-only at every n_comm; gemm-only) for the config, then records the best
+//       variant per (layer, tokens bucket) and calibrates the cost model (GEMM rate per SM, per-block
+//       comm rates, link ceiling)
 //   comet-tune --from-results a.json [b.json ...]
 //       the same from benchmark results already measured (any machine)
-//   comet-tune --evaluate a.json [...] [--table PATH]
+//   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
-//       are reported as unmeasured)
+//       are reported as unmeasured); --measured-work gives the cost model the rows each record counted
+//       instead of the uniform expectation (what a pick made on the device, from the plan, would see)
 //   comet-tune --lookup-overhead
 //       how long a pick takes (table hit, cost model), on the host
 #include <sys/wait.h>
@@ -40,9 +42,10 @@ struct Args {
   std::string table = TuneTable::default_path();
   std::vector<std::string> results;
   std::vector<std::string> evaluate;
-  std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "1,2,4,8,16,24,32";
+  std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
   int sms = 0;  // 0: from the records' GPU (132 for an H200)
   bool lookup_overhead = false;
+  bool measured_work = false;  // --evaluate: the cost model sees each record's measured rows
 };
 
 double median(std::vector<double> v) {
@@ -74,10 +77,23 @@ TuneKey key_of(const json& r, int sms) {
   return k;
 }
 
-LayerWork work_of(const json& r) {
+// The work the cost model sees for a record: expected from the key (uniform routing), or, with
+// `measured`, from the rows and link rows the record counted on rank 0 (what a pick made on the device
+// from the plan would see; local units taken as an even 1/(W-1) of the remote ones).
+LayerWork work_of(const json& r, bool measured = false) {
   const bench::Model& m = bench::find_model(r.value("model", ""));
   const Parallel par{r.value("ep", 8), r.value("tp", 1)};
-  return expected_work(m.shape, par, r.value("layer", "") == "l0" ? 0 : 1, r.value("tokens_per_rank", 0), 256);
+  LayerWork w = expected_work(m.shape, par, r.value("layer", "") == "l0" ? 0 : 1, r.value("tokens_per_rank", 0), 256);
+  if (measured && r.contains("rows") && r.contains("link_rows")) {
+    const double rows = r.value("rows", 0), remote = r.value("link_rows", 0), W = par.world();
+    const double units = remote * W / std::max(1.0, W - 1);
+    const double H = m.shape.hidden;
+    w.link_bytes = remote * H * 2;
+    w.comm_units = w.layer == 0 ? remote : units;
+    w.rows_per_unit = units > 0 ? rows / units : 1;
+    w.flops = w.layer == 0 ? 2.0 * rows * m.shape.w0_rows() / par.tp * H : 2.0 * rows * H * par.ffn_shard(m.shape);
+  }
+  return w;
 }
 
 // Fits the comm blocks' unit costs to comm-only runs (at whatever n_comm they ran; the link's ceiling,
@@ -201,7 +217,7 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
   std::printf("%-42s %-10s %-14s %-14s %s\n", "case", "picked_by", "pick", "best", "ratio");
   for (const auto& [id, c] : cases) {
     const TuneKey key = key_of(c.first, sms_of(c.first.value("gpu", ""), a.sms));
-    const TunedVariant t = pick_variant(table, key, work_of(c.first), LayerVariant{256, -1, 0, 1});
+    const TunedVariant t = pick_variant(table, key, work_of(c.first, a.measured_work), LayerVariant{256, -1, 0, 1});
     const auto best = std::min_element(c.sweep.begin(), c.sweep.end(),
                                        [](const auto& x, const auto& y) { return x.second < y.second; });
     const auto it = c.sweep.find(t.variant.n_comm);
@@ -301,6 +317,7 @@ int main(int argc, char** argv) {
     else if (s == "--evaluate") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.evaluate.push_back(argv[++i]);
     }
+    else if (s == "--measured-work") a.measured_work = true;
     else if (s == "--from-results") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.results.push_back(argv[++i]);
     } else if (s == "--model") a.model = value();

@@ -215,7 +215,8 @@ TEST(FusedMoe, RejectsBadInputBeforeLaunch) {
   b.x = nullptr;
   EXPECT_THROW(h.moe.stage(0, b), InvalidArgument);
   EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{192, 2, 16, 1}), InvalidArgument);
-  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{256, 0, 16, 1}), InvalidArgument);
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{256, 2, -1, 1}), InvalidArgument);  // m_group < 0
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{256, 2, 0, 0}), InvalidArgument);   // n_group < 1
   EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{256, 100000, 16, 1}), InvalidArgument);
   EXPECT_THROW(h.moe.stage(5, h.ranks[0]->batch()), InvalidArgument);
   LocalTeam three(3);

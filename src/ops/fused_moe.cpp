@@ -40,19 +40,23 @@ kernels::EpilogueOp activation_op(Activation a) {
   return kernels::EpilogueOp::none;
 }
 
-// m_group 0: about one wave of work items (m_group x column blocks ~ compute blocks). Without waits
-// (gemm_only) also at least as many M-tiles as a quarter of L2 holds of A: a group reads its A tiles
-// once and every B slab once, so B crosses HBM (M-tiles / m_group) times; with one wave per group
-// Mixtral's 235 MB expert (ep8, 112 column blocks, m_group 2) was re-read every 256 rows and the
-// GEMM ran at 554 TFLOP/s (16384 tokens; 623-671 with the L2 rule). The fused kernel keeps one wave:
-// its groups follow arrival, and with the L2 rule its blocks waited on late tiles (H200 sweeps,
-// fb5687d against 2ceb628: layer 0 up to 1.37x slower at 1024 tokens, 4 % faster at 16384).
+// m_group 0: about one wave of work items (m_group x column blocks ~ compute blocks), and more where the
+// layer has many M-tiles, so that B crosses HBM (M-tiles / m_group) times rather than once per wave
+// (Mixtral ep8: a 235 MB expert, 112 column blocks, one wave = 2 M-tiles; at 16384 tokens the GEMM
+// ran at 554 TFLOP/s re-reading it every 256 rows, 623-671 with larger groups).
+//  * Without waits (gemm_only: every row present, tiles in m order): at least as many M-tiles as a
+//    quarter of L2 holds of A.
+//  * Fused (groups follow arrival): the L2 rule made its blocks wait on tiles that had not arrived
+//    (fb5687d against 2ceb628: layer 0 up to 1.37x slower at 1024 tokens), so the group also stays
+//    under 1/16 of the expected M-tiles: one wave at 1024 tokens, the L2 size at 16384 (H200 probe,
+//    Mixtral ep8 host link, fused at 16384 tokens: 12.6 ms with groups of 2, 11.0 ms with 12).
 int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t a_tile_bytes, size_t l2_bytes,
-                 bool fused_kernel) {
+                 bool fused_kernel, int expected_m_tiles) {
   if (m_group > 0) return m_group;
   const int wave = (compute_blocks + blocks_per_m_tile - 1) / std::max(1, blocks_per_m_tile);
-  const int l2_fit = fused_kernel ? 0 : int(l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
-  return std::clamp(std::max(wave, l2_fit), 1, 16);
+  const int l2_fit = int(l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
+  const int larger = fused_kernel ? std::min(l2_fit, expected_m_tiles / 16) : l2_fit;
+  return std::clamp(std::max(wave, larger), 1, 16);
 }
 
 bool checking_from_env() {
@@ -277,8 +281,10 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, U
                                      options_.dispatch_store_lag};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
+  const double expected_rows = double(par_.world()) * s.tokens * shape_.topk / par_.ep;  // uniform routing
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, (l.n0 + v.tile_n - 1) / v.tile_n,
-                           size_t(kTileM) * shape_.hidden * 2, l2_bytes_, mode == LayerMode::fused && v.n_comm > 0);
+                           size_t(kTileM) * shape_.hidden * 2, l2_bytes_, mode == LayerMode::fused && v.n_comm > 0,
+                           int(expected_rows / kTileM));
   l.mode = mode;
   l.team = team_.device_view(rank);
   if (mode == LayerMode::fused && v.n_comm == 0) {
@@ -326,7 +332,7 @@ void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& requested, U
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, std::min(v.n_group, (H + v.tile_n - 1) / v.tile_n),
-                           size_t(kTileM) * l.ffn_shard * 2, l2_bytes_, mode == LayerMode::fused);
+                           size_t(kTileM) * l.ffn_shard * 2, l2_bytes_, mode == LayerMode::fused, 0);
   l.n_group = v.n_group;
   l.mode = mode;
   l.team = team_.device_view(rank);

@@ -26,7 +26,7 @@ sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (LocalTeam)
   --systems LIST           cublas,comet,sequential,chunked                (default: all)
   --chunks LIST            chunked baseline's C values                    (default: 2,4,8)
   --chunk-comm-blocks N    blocks of each chunked pull / ship             (default: 16)
-  --tile-n N               comet's tile 128xN, N in {128, 256}            (default: 256)
+  --tile-n N               comet's tile 128xN, N in {128, 256}, or 192 with --layers l0 (default: 256)
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
   --warmup N               untimed runs before them (1 for huge cases)    (default: 2)
   --comm-all               time comm_only at every n_comm (default: at the best fused n_comm only)
@@ -164,7 +164,9 @@ BenchOptions parse_options(int argc, char** argv) {
   for (int t : o.tokens) COMET_REQUIRE(t >= 1, "--tokens: values must be >= 1");
   for (int n : o.n_comm) COMET_REQUIRE(n >= 0, "--n-comm: values must be >= 0 (0: FusedMoe's sequential mode)");
   for (int c : o.chunks) COMET_REQUIRE(c >= 1, "--chunks: values must be >= 1");
-  COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 256, "--tile-n must be 128 or 256");
+  COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 192 || o.tile_n == 256, "--tile-n must be 128, 192 or 256");
+  COMET_REQUIRE(o.tile_n != 192 || o.layers == std::vector<std::string>{"l0"},
+                "--tile-n 192 is a layer-0 shape: give --layers l0");
   COMET_REQUIRE(o.reps >= 1 && o.warmup >= 0, "--reps must be >= 1 and --warmup >= 0");
   COMET_REQUIRE(o.chunk_comm_blocks >= 1, "--chunk-comm-blocks must be >= 1");
   std::sort(o.tokens.begin(), o.tokens.end());

@@ -127,7 +127,7 @@ class FusedMoe {
   std::string gpu_name_;
   int sms_ = 0;
   size_t l2_bytes_ = 0;
-  mutable int max_blocks_[2][2] = {};  // [layer][tile_n == 256]: resident grid, queried once
+  mutable int max_blocks_[2][3] = {};  // [layer][tile_n 128, 192, 256]: resident grid, queried once
   // Tuner picks by (layer, tokens bucket, tile_n): a launch re-resolves in a hash lookup.
   mutable std::unordered_map<uint64_t, TunedVariant> picks_;
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot

@@ -56,9 +56,9 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
 //   T_link  = link bytes / link_gbps;   T_comm = (T_block^4 + T_link^4)^(1/4)  (a smooth max)
 //   T_fused = max(T_gemm, T_comm) + overlap_penalty x min(T_gemm, T_comm)
 //   n_comm 0 (sequential mode): T_comm with every SM pulling, plus T_gemm on every SM
-// Tile shape: T_gemm above is for 128x256 tiles. A 128x128 tile computes N padded to 128 instead of
-// 256 at tile128_efficiency of the rate, so it wins only where 256-wide tiles waste many columns
-// (Qwen2 tp 8: N = 352, 31 % padding).
+// Tile shape: T_gemm above is for 128x256 tiles. A 128x128 (or, in layer 0, 128x192) tile computes N
+// padded to its width instead of 256 at tile128_efficiency (tile192_efficiency) of the rate, so it wins
+// only where 256-wide tiles waste many columns (Qwen2 tp 8: N = 352, 31 % padding; 9 % with either).
 struct CostModel {
   double gemm_tflops_per_sm = 4.61;  // bf16 GEMM rate of one SM in the fused kernel
   double l0_unit_us = 0.50;          // a layer-0 comm block: fixed time per pulled unit
@@ -69,18 +69,19 @@ struct CostModel {
   // 128x128 against 128x256 tiles at equal padding, GEMM only (H200, bench/results/h200_host_tile*.json,
   // layer 0: 0.85-0.90; layer 1 0.74-0.79, but its N = H is a multiple of 256 in every model we know).
   double tile128_efficiency = 0.87;
+  double tile192_efficiency = 0.95;  // an estimate until comet-tune has runs of both shapes to fit it
   // Sequential mode (n_comm 0: communication on every SM, then the GEMM) is picked only when predicted
   // faster than every comm-block count by this fraction.
   double sequential_margin = 0.05;
   double unit_us(const LayerWork& w) const;
   // T_gemm of a tile shape relative to 128x256 tiles (1 for 256).
   double tile_factor(const LayerWork& w, int tile_n) const;
-  // The compiled tile shape (128 or 256) with the smaller T_gemm; 256 among equals.
+  // The compiled tile shape (128, 256, and 192 in layer 0) with the smallest T_gemm; the widest among equals.
   int best_tile_n(const LayerWork& w) const;
 
   static CostModel defaults(Link link);
   // Predicted time (ms) of the fused layer with n_comm comm blocks out of `sms`, 128x256 tiles
-  // (tile_n 128: T_gemm scaled by tile_factor).
+  // (other tile_n: T_gemm scaled by tile_factor).
   double predict_ms(const LayerWork& w, int n_comm, int sms, int tile_n = 256) const;
   // The candidate n_comm (2, 4, 8, 16, 24, 32, at most 40 % of sms) with the least predicted time;
   // the fewest blocks among those within 1 % of it; 0 (sequential mode) if that is predicted

@@ -9,7 +9,7 @@ namespace comet {
 enum class LayerMode : int { fused = 0, gemm_only = 1, comm_only = 2 };
 
 struct LayerVariant {
-  int tile_n = 256;  // compiled GEMM tiles: 128x256 or 128x128 (TileM is 128); 0 in MoeOptions: tuner's pick
+  int tile_n = 256;  // compiled GEMM tiles 128 x tile_n: 128 or 256, and 192 in layer 0; 0 in MoeOptions: the tuner's pick
   int n_comm = 2;    // comm blocks; the rest of the resident grid computes. 0: sequential mode (the
                      // communication runs as its own launch on the whole GPU, before or after the GEMM)
   int m_group = 0;   // rasterisation: M-tiles per group (L2 reuse); 0: about one wave of the grid

@@ -90,7 +90,16 @@ void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
 
 }  // namespace comet::kernels
 
-// One .cu per tile shape defines these through this macro.
+// One .cu per tile shape defines these through these macros (a layer-0-only shape for N that wide
+// tiles pad badly: layer 1's N is the hidden size, a multiple of 256 in every model we know, and its
+// combine ships 256-column chunks).
+#define COMET_DEFINE_FUSED_LAYER0(TM, TN)                                                                    \
+  namespace comet::kernels {                                                                                 \
+  LaunchLimits layer0_limits_##TM##x##TN() { return layer0_limits_for<GemmConfig<TM, TN>>(); }                \
+  void launch_layer0_##TM##x##TN(const Layer0Launch& l, cudaStream_t s) {                                     \
+    launch_layer0_for<GemmConfig<TM, TN>>(l, s);                                                              \
+  }                                                                                                          \
+  }
 #define COMET_DEFINE_FUSED_LAYERS(TM, TN)                                                                    \
   namespace comet::kernels {                                                                                 \
   LaunchLimits layer0_limits_##TM##x##TN() { return layer0_limits_for<GemmConfig<TM, TN>>(); }                \

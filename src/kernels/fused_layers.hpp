@@ -14,7 +14,10 @@ using Mode = LayerMode;
 
 // Compiled GEMM tile shapes (TileM is always 128, the plan's tile_m).
 inline constexpr int kTileM = 128;
-inline bool is_supported_tile_n(int tile_n) { return tile_n == 128 || tile_n == 256; }
+// Layer 0 also has 128x192 (N that pads badly to 256); layer 1 has 128 and 256.
+inline bool is_supported_tile_n(int tile_n, int layer) {
+  return tile_n == 128 || tile_n == 256 || (layer == 0 && tile_n == 192);
+}
 
 struct Layer0Launch {
   int tile_n = 256;

@@ -25,10 +25,11 @@ int default_rows(const MoeShape& s, const Parallel& p, int max_tokens) {
 }
 
 // tile_n 0 (the tuner picks the shape) is allowed in options, not at launch.
-void validate_variant(const LayerVariant& v, const char* layer, bool allow_auto_tile = false) {
-  COMET_REQUIRE(kernels::is_supported_tile_n(v.tile_n) || (allow_auto_tile && v.tile_n == 0), "FusedMoe ", layer,
-                ": tile_n must be 128 or 256", allow_auto_tile ? " (or 0: the tuner picks)" : "", ", got ", v.tile_n);
-  COMET_REQUIRE(v.m_group >= 0 && v.n_group >= 1, "FusedMoe ", layer, ": m_group must be >= 0, n_group >= 1");
+void validate_variant(const LayerVariant& v, int layer, bool allow_auto_tile = false) {
+  COMET_REQUIRE(kernels::is_supported_tile_n(v.tile_n, layer) || (allow_auto_tile && v.tile_n == 0), "FusedMoe layer ",
+                layer, ": tile_n must be 128", layer == 0 ? ", 192" : "", " or 256",
+                allow_auto_tile ? " (or 0: the tuner picks)" : "", ", got ", v.tile_n);
+  COMET_REQUIRE(v.m_group >= 0 && v.n_group >= 1, "FusedMoe layer ", layer, ": m_group must be >= 0, n_group >= 1");
 }
 
 kernels::EpilogueOp activation_op(Activation a) {
@@ -107,8 +108,8 @@ FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const
   COMET_REQUIRE(cap_.max_rows_per_rank >= 0, "FusedMoe: MoeCapacity::max_rows_per_rank must be >= 0");
   cap_.max_rows_per_rank = cap_.max_rows_per_rank == 0 ? default_rows(shape_, par_, cap_.max_tokens_per_rank)
                                                        : round_up(cap_.max_rows_per_rank, kTileM);
-  validate_variant(options_.layer0, "layer 0", true);
-  validate_variant(options_.layer1, "layer 1", true);
+  validate_variant(options_.layer0, 0, true);
+  validate_variant(options_.layer1, 1, true);
   COMET_REQUIRE(options_.dispatch_store_lag == 1 || options_.dispatch_store_lag == 2 ||
                     options_.dispatch_store_lag == 4 || options_.dispatch_store_lag == 8,
                 "FusedMoe: dispatch_store_lag must be 1, 2, 4 or 8");
@@ -200,7 +201,7 @@ void FusedMoe::advance_epoch(int rank) {
 }
 
 int FusedMoe::max_blocks(int layer, int tile_n) const {
-  int& cached = max_blocks_[layer == 0 ? 0 : 1][tile_n == 256 ? 1 : 0];
+  int& cached = max_blocks_[layer == 0 ? 0 : 1][tile_n == 256 ? 2 : tile_n == 192 ? 1 : 0];
   if (cached == 0) cached = (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
   return cached;
 }
@@ -246,7 +247,7 @@ LayerVariant FusedMoe::launch_variant(int layer, int rank, LayerMode mode, const
                                       UnitRange units) const {
   const char* name = layer == 0 ? "layer 0" : "layer 1";
   const LayerVariant v = resolve(layer, rank, requested).variant;
-  validate_variant(v, name);
+  validate_variant(v, layer);
   COMET_REQUIRE(v.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0");
   COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe ", name, ": a unit range needs comm_only mode");
   const int limit = max_blocks(layer, v.tile_n);

@@ -21,10 +21,17 @@ double CostModel::unit_us(const LayerWork& w) const {
 double CostModel::tile_factor(const LayerWork& w, int tile_n) const {
   if (tile_n == 256 || w.gemm_n <= 0) return 1.0;
   auto padded = [&](int tile) { return double((w.gemm_n + tile - 1) / tile * tile); };
-  return padded(tile_n) / padded(256) / tile128_efficiency;
+  return padded(tile_n) / padded(256) / (tile_n == 192 ? tile192_efficiency : tile128_efficiency);
 }
 
-int CostModel::best_tile_n(const LayerWork& w) const { return tile_factor(w, 128) < 1.0 ? 128 : 256; }
+int CostModel::best_tile_n(const LayerWork& w) const {
+  int best = 256;  // among equals the widest tile
+  for (int t : {192, 128}) {
+    if (t == 192 && w.layer != 0) continue;  // compiled for layer 0 only
+    if (tile_factor(w, t) < tile_factor(w, best)) best = t;
+  }
+  return best;
+}
 
 double CostModel::predict_ms(const LayerWork& w, int n_comm, int sms, int tile_n) const {
   // Sequential mode (n_comm 0): the communication on every SM, then the GEMM on every SM.

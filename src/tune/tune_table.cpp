@@ -60,6 +60,7 @@ TuneTable TuneTable::load(const std::string& path) {
       c.link_gbps = m.at("link_gbps").get<double>();
       c.overlap_penalty = m.value("overlap_penalty", c.overlap_penalty);
       c.tile128_efficiency = m.value("tile128_efficiency", c.tile128_efficiency);
+      c.tile192_efficiency = m.value("tile192_efficiency", c.tile192_efficiency);
       t.models_[item.key()] = c;
     }
   } catch (const std::exception& e) {
@@ -85,7 +86,8 @@ void TuneTable::save(const std::string& path) const {
                             {"l1_slice_us", m.l1_slice_us},
                             {"link_gbps", m.link_gbps},
                             {"overlap_penalty", m.overlap_penalty},
-                            {"tile128_efficiency", m.tile128_efficiency}};
+                            {"tile128_efficiency", m.tile128_efficiency},
+                            {"tile192_efficiency", m.tile192_efficiency}};
   }
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());

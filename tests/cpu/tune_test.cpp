@@ -165,7 +165,7 @@ TEST(CostModel, TileShapeFollowsTheColumnsThatPaddingWastes) {
   };
   const MoeShape qwen2{2048, 1408, 64, 4, Activation::swiglu}, qwen57{3584, 2560, 64, 8, Activation::swiglu};
   const MoeShape mixtral{4096, 14336, 8, 2, Activation::swiglu}, phi35{4096, 6400, 16, 2, Activation::swiglu};
-  EXPECT_EQ(tile(qwen2, Parallel{1, 8}, 0), 128);    // N = 352: 512 with 256-wide tiles, 384 with 128
+  EXPECT_EQ(tile(qwen2, Parallel{1, 8}, 0), 192);    // N = 352: 512 with 256-wide tiles, 384 with 192
   EXPECT_EQ(tile(qwen57, Parallel{1, 8}, 0), 128);   // N = 640: 768 against 640
   EXPECT_EQ(tile(phi35, Parallel{1, 8}, 0), 256);    // N = 1600: 1792 against 1664, not worth the rate
   EXPECT_EQ(tile(mixtral, Parallel{1, 8}, 0), 256);  // N = 3584 = 14 x 256
@@ -174,6 +174,11 @@ TEST(CostModel, TileShapeFollowsTheColumnsThatPaddingWastes) {
   // The GEMM side of the prediction scales with the padded columns over the rate.
   const LayerWork w = expected_work(qwen2, Parallel{1, 8}, 0, 4096, 256);
   EXPECT_NEAR(m.tile_factor(w, 128), 384.0 / 512.0 / m.tile128_efficiency, 1e-12);
+  EXPECT_NEAR(m.tile_factor(w, 192), 384.0 / 512.0 / m.tile192_efficiency, 1e-12);
+  // 192 is a layer-0 shape: layer 1 never gets it, whatever its N.
+  LayerWork l1 = w;
+  l1.layer = 1;
+  EXPECT_NE(m.best_tile_n(l1), 192);
   EXPECT_LT(m.predict_ms(w, 2, 132, 128), m.predict_ms(w, 2, 132, 256));
 }
 
@@ -181,6 +186,6 @@ TEST(PickVariant, CostModelChoosesTheShapeOnlyWhenAsked) {
   const TuneTable empty;
   const LayerWork w = expected_work(MoeShape{2048, 1408, 64, 4, Activation::swiglu}, Parallel{1, 8}, 0, 4096, 256);
   TuneKey k = key_for(0, 4096);
-  EXPECT_EQ(pick_variant(empty, k, w, LayerVariant{0, -1, 0, 1}).variant.tile_n, 128);
+  EXPECT_EQ(pick_variant(empty, k, w, LayerVariant{0, -1, 0, 1}).variant.tile_n, 192);
   EXPECT_EQ(pick_variant(empty, k, w, LayerVariant{256, -1, 0, 1}).variant.tile_n, 256);
 }

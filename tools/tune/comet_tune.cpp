@@ -164,16 +164,17 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     const double ms = r.value("median_ms", 1e30);
     if (ms < b.ms) b = Best{k, LayerVariant{tile_n, r.value("n_comm", 1), 0, 1}, ms};
   }
-  // 128x128 tiles' rate against 128x256 at equal padding, from cases measured with both shapes.
-  std::map<std::string, std::vector<double>> tile128;
+  // 128x128 and 128x192 tiles' rates against 128x256 at equal padding, from cases measured with both.
+  std::map<std::string, std::map<int, std::vector<double>>> tile_eff;  // gpu|link -> tile_n -> ratios
   for (const auto& [mk, cases] : gemm_by_tile)
-    for (const auto& [id, by_tile] : cases) {
-      if (!by_tile.count(128) || !by_tile.count(256)) continue;
-      const json& r128 = by_tile.at(128);
-      const int n = work_of(r128).gemm_n;
-      const double pad = double((n + 127) / 128 * 128) / double((n + 255) / 256 * 256);
-      tile128[mk].push_back(by_tile.at(256).value("median_ms", 0.0) / r128.value("median_ms", 1.0) * pad);
-    }
+    for (const auto& [id, by_tile] : cases)
+      for (int t : {128, 192}) {
+        if (!by_tile.count(t) || !by_tile.count(256)) continue;
+        const json& rt = by_tile.at(t);
+        const int n = work_of(rt).gemm_n;
+        const double pad = double((n + t - 1) / t * t) / double((n + 255) / 256 * 256);
+        tile_eff[mk][t].push_back(by_tile.at(256).value("median_ms", 0.0) / rt.value("median_ms", 1.0) * pad);
+      }
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});
     std::printf("  %-78s n_comm %2d  tile %d  %.3f ms\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms);
@@ -185,12 +186,15 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     c.gemm_tflops_per_sm = median(rates);
     if (!link[mk].empty()) c.link_gbps = *std::max_element(link[mk].begin(), link[mk].end());
     fit_comm(comm_runs[mk], c);
-    if (!tile128[mk].empty()) c.tile128_efficiency = median(tile128[mk]);
+    std::vector<double>&e128 = tile_eff[mk][128], &e192 = tile_eff[mk][192];
+    if (!e128.empty()) c.tile128_efficiency = median(e128);
+    if (!e192.empty()) c.tile192_efficiency = median(e192);
     table.set_model(gpu, lk, c);
     std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM; comm block: layer 0 %.2f us per unit + stores at %.0f "
-                "GB/s, layer 1 %.3f us per slice batch; link %.1f GB/s; 128x128 tiles at %.2f of the rate (%zu cases)\n",
+                "GB/s, layer 1 %.3f us per slice batch; link %.1f GB/s; 128x128 tiles at %.2f of the rate (%zu "
+                "cases), 128x192 at %.2f (%zu)\n",
                 mk.c_str(), c.gemm_tflops_per_sm, c.l0_unit_us, c.l0_store_gbps, c.l1_slice_us, c.link_gbps,
-                c.tile128_efficiency, tile128[mk].size());
+                c.tile128_efficiency, e128.size(), c.tile192_efficiency, e192.size());
   }
 }
 

@@ -115,6 +115,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"EP4xTP2_host", kSmallSwiglu, {4, 2}, {20, 40, 60, 80, 100, 0, 7, 130}, RoutingKind::zipf, Link::host},
         Case{"EP4_tile128", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
              {128, 3, 4, 1}, {128, 3, 4, 2}},
+        // Layer 0's 128x192 tiles: N = 1024 ends in a partial column block; N = 192 is one block.
+        Case{"EP4_tile192", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::device,
+             {192, 3, 4, 1}, {256, 3, 4, 1}},
+        Case{"TP2_tile192_host_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host, {192, 2, 0, 1},
+             {128, 2, 0, 1}},
         Case{"EP8_one_expert_hot5", kTop8, {8, 1}, {64, 64, 64, 64, 64, 64, 64, 64}, RoutingKind::one_expert,
              Link::device, {256, 2, 16, 1}, {256, 4, 16, 1}, 5}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
@@ -181,8 +186,9 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
 }
 
 // Automatic options (tile_n 0, n_comm -1): the tuner picks tile shape and n_comm per layer. With an
-// empty table the cost model takes 128x128 tiles for layer 0 of a shard whose N (352) wastes 31 % of 256-wide tiles, and 128x256
-// for layer 1 (N = H = 256); F_s = 176 is not a multiple of the 64-wide K step either.
+// empty table the cost model takes 128x192 tiles for layer 0 of a shard whose N (352) wastes 31 % of
+// 256-wide tiles, and 128x256 for layer 1 (N = H = 256); F_s = 176 is not a multiple of the 64-wide K
+// step either.
 TEST(FusedMoe, AutomaticOptionsLetTheTunerPickTheTileShape) {
   setenv("COMET_TUNE_TABLE", "/nonexistent/comet-test/tune.json", 1);
   Case c{"auto", MoeShape{256, 352, 8, 2, Activation::swiglu}, Parallel{1, 2}, {70, 33}};
@@ -193,11 +199,11 @@ TEST(FusedMoe, AutomaticOptionsLetTheTunerPickTheTileShape) {
   const TunedVariant t0 = h.moe.resolve(0, 0, h.moe.options().layer0);
   const TunedVariant t1 = h.moe.resolve(1, 0, h.moe.options().layer1);
   EXPECT_STREQ(t0.picked_by, "cost_model");
-  EXPECT_EQ(t0.variant.tile_n, 128);
+  EXPECT_EQ(t0.variant.tile_n, 192);
   EXPECT_EQ(t1.variant.tile_n, 256);
   EXPECT_GE(t0.variant.n_comm, 1);
   // A forced n_comm with an automatic shape keeps the shape pick.
-  EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.tile_n, 128);
+  EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.tile_n, 192);
   EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.n_comm, 3);
   h.moe.forward(h.batches());
   h.moe.sync_and_check();
@@ -214,7 +220,8 @@ TEST(FusedMoe, RejectsBadInputBeforeLaunch) {
   b = h.ranks[0]->batch();
   b.x = nullptr;
   EXPECT_THROW(h.moe.stage(0, b), InvalidArgument);
-  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{192, 2, 16, 1}), InvalidArgument);
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{160, 2, 16, 1}), InvalidArgument);
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{192, 2, 16, 1}), InvalidArgument);  // layer 0 only
   EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{256, 2, -1, 1}), InvalidArgument);  // m_group < 0
   EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{256, 2, 0, 0}), InvalidArgument);   // n_group < 1
   EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{256, 100000, 16, 1}), InvalidArgument);

@@ -19,19 +19,23 @@ import tempfile
 
 
 def breakdown(lines):
-    counts = collections.defaultdict(lambda: [0, 0, 0])
+    counts = collections.defaultdict(lambda: [0, 0, 0, 0])
     for line in lines:
         p = line.split()
-        if len(p) < 10 or p[0] in ("case", "comet-tune:"):
+        if len(p) < 8 or p[0] in ("case", "comet-tune:"):
             continue
         _, _, link, routing, _, layer = p[:6]
-        ratio = float(p[-1])
+        unscored = line.endswith("(not in the sweep)")  # e.g. n_comm 0 against a sweep without it
         for key in ((link, layer, routing), ("all",)):
+            if unscored:
+                counts[key][3] += 1
+                continue
+            ratio = float(p[-1])
             counts[key][0] += 1
             counts[key][1] += ratio <= 1.03
             counts[key][2] += ratio <= 1.10
-    return [f"{' '.join(k):24s} {n:4d} picks, {a:4d} within 3 %, {b:4d} within 10 %"
-            for k, (n, a, b) in sorted(counts.items())]
+    return [f"{' '.join(k):24s} {n:4d} picks, {a:4d} within 3 %, {b:4d} within 10 %" + (f"; {u} not in the sweep" if u else "")
+            for k, (n, a, b, u) in sorted(counts.items())]
 
 
 def main():

@@ -5,8 +5,9 @@
 //       sequential mode; comm-only at every n_comm; gemm-only) for the config, then records the best
 //       variant per (layer, tokens bucket) and calibrates the cost model (GEMM rate per SM, per-block
 //       comm rates, link ceiling)
-//   comet-tune --from-results a.json [b.json ...]
-//       the same from benchmark results already measured (any machine)
+//   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...]
+//       the same from benchmark results already measured (any machine); --tile-runs files only feed
+//       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
@@ -42,6 +43,7 @@ struct Args {
   std::string table = TuneTable::default_path();
   std::vector<std::string> results;
   std::vector<std::string> evaluate;
+  std::vector<std::string> tile_runs;  // --from-results files used only for the tile shapes' GEMM rates
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
   int sms = 0;  // 0: from the records' GPU (132 for an H200)
   bool lookup_overhead = false;
@@ -147,6 +149,11 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     const int sms = sms_of(gpu, a.sms);
     const std::string model_key = gpu + '|' + lk;
     const int tile_n = r.value("tile_n", 256);
+    if (r.value("tile_run_only", false)) {  // --tile-runs: the tile-shape fit only
+      gemm_by_tile[model_key][r.value("model", "") + '|' + r.value("layout", "") + '|' +
+                              std::to_string(r.value("tokens_per_rank", 0))][tile_n] = r;
+      continue;
+    }
     if (mode == "gemm_only" && layer == "l0") {
       const std::string id = r.value("model", "") + '|' + r.value("layout", "") + '|' +
                              std::to_string(r.value("tokens_per_rank", 0));
@@ -324,6 +331,8 @@ int main(int argc, char** argv) {
     else if (s == "--measured-work") a.measured_work = true;
     else if (s == "--from-results") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.results.push_back(argv[++i]);
+    } else if (s == "--tile-runs") {
+      while (i + 1 < argc && argv[i + 1][0] != '-') a.tile_runs.push_back(argv[++i]);
     } else if (s == "--model") a.model = value();
     else if (s == "--layout") a.layout = value();
     else if (s == "--link") a.link = value();
@@ -333,7 +342,8 @@ int main(int argc, char** argv) {
     else if (s == "--lookup-overhead") a.lookup_overhead = true;
     else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
-                           " | --from-results JSON...) [--table PATH] | --lookup-overhead\n");
+                           " | --from-results JSON... [--tile-runs JSON...]) [--table PATH] | --evaluate JSON... [--measured-work]"
+                           " | --lookup-overhead\n");
       return s == "-h" || s == "--help" ? 0 : 2;
     }
   }
@@ -358,6 +368,12 @@ int main(int argc, char** argv) {
       auto r = read_records(p);
       records.insert(records.end(), r.begin(), r.end());
     }
+    for (const auto& p : a.tile_runs)
+      for (json& r : read_records(p))
+        if (r.value("mode", "") == "gemm_only" && r.value("layer", "") == "l0") {
+          r["tile_run_only"] = true;
+          records.push_back(r);
+        }
     TuneTable table = TuneTable::load(a.table);
     std::printf("comet-tune: %zu records -> %s\n", records.size(), a.table.c_str());
     fill_from_results(records, a, table);

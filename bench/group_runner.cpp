@@ -39,6 +39,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   const int tile_other = o_.tile_n == 192 ? 256 : o_.tile_n;
   mo.layer0 = variant(o_.tile_n, 2);
   mo.layer1 = variant(tile_other, 4);
+  mo.adaptive_split = o_.adaptive;
   moe_ = std::make_unique<FusedMoe>(*team_, s, p, MoeCapacity{max_tokens, max_rows}, mo);
   // Rank 0's weights only, shared by every rank: only rank 0 computes, the others stage their tokens.
   w0_ = testing::DeviceBuffer(size_t(el) * n0 * H * 2);
@@ -240,15 +241,19 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         stamp(f, t, flops, true);
       }
       // The tuner's pick for this layer (table, else cost model): a record of its own, "tuned": true.
+      // With --adaptive the launch gets n_comm -1, so the kernel may re-pick it from the plan; the record
+      // holds the n_comm it ran with.
       const TunedVariant tuned = moe.resolve(layer, 0, variant(tn, -1));
       const int tn_comm = tuned.variant.n_comm;
       if (tn_comm >= 0 && tn_comm < limit) {
-        const Timing t = fused.count(tn_comm) ? fused[tn_comm] : time(pre, run(LayerMode::fused, tn_comm));
+        const Timing t = o_.adaptive              ? time(pre, run(LayerMode::fused, -1))
+                         : fused.count(tn_comm) ? fused[tn_comm]
+                                                : time(pre, run(LayerMode::fused, tn_comm));
         Record f = base(in, name, "comet");
         f.mode = "fused";
-        f.n_comm = tn_comm;
+        f.n_comm = o_.adaptive ? moe.last_n_comm(0, layer) : tn_comm;
         f.tuned = true;
-        f.picked_by = tuned.picked_by;
+        f.picked_by = std::string(tuned.picked_by) + (o_.adaptive ? "+adaptive" : "");
         stamp(f, t, flops, true);
       }
       line += std::string(" | comet ") + name;
@@ -342,18 +347,21 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       note(" | fwd comet %.3f", t.median_ms);
       // What a user gets without choosing: the tuner's picks for both layers.
       const TunedVariant t0 = moe.resolve(0, 0, variant(tn, -1)), t1 = moe.resolve(1, 0, variant(tn, -1));
-      const Timing tt = (t0.variant.n_comm == n0 && t1.variant.n_comm == n1) ? t : time(nullptr, [&] {
+      const LayerVariant v0 = o_.adaptive ? variant(tn, -1) : t0.variant;
+      const LayerVariant v1 = o_.adaptive ? variant(tn, -1) : t1.variant;
+      const bool same = !o_.adaptive && t0.variant.n_comm == n0 && t1.variant.n_comm == n1;
+      const Timing tt = same ? t : time(nullptr, [&] {
         moe.prepare(0);
-        moe.layer0(0, LayerMode::fused, t0.variant);
-        moe.layer1(0, LayerMode::fused, t1.variant);
+        moe.layer0(0, LayerMode::fused, v0);
+        moe.layer1(0, LayerMode::fused, v1);
         moe.finish(0, b0);
       });
       Record tr = base(in, "fwd", "comet");
       tr.mode = "fused";
-      tr.n_comm = t0.variant.n_comm;
-      tr.n_comm_l1 = t1.variant.n_comm;
+      tr.n_comm = o_.adaptive ? moe.last_n_comm(0, 0) : t0.variant.n_comm;
+      tr.n_comm_l1 = o_.adaptive ? moe.last_n_comm(0, 1) : t1.variant.n_comm;
       tr.tuned = true;
-      tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by;
+      tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by + (o_.adaptive ? "+adaptive" : "");
       stamp(tr, tt, flops0 + flops1, true);
       note(" tuned %.3f", tt.median_ms);
     }

@@ -41,6 +41,10 @@ struct MoeOptions {
   // tile shape as well; set both to force a variant.
   LayerVariant layer0{0, -1, 0, 1};
   LayerVariant layer1{0, -1, 0, 1};
+  // Fused launches whose n_comm the tuner picked re-pick it on the device from the plan's row and unit
+  // counts (a skewed batch moves the best split; kernels/adaptive_split.hpp has the rule). No host
+  // synchronisation; the grid is unchanged.
+  bool adaptive_split = false;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;
@@ -109,6 +113,9 @@ class FusedMoe {
   void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
   // Resident grid capacity of a fused kernel (comm + compute blocks cannot exceed it).
   int max_blocks(int layer, int tile_n) const;
+  // The comm blocks the last launch of a layer on `rank` ran with: the adaptive pick when it adapted,
+  // else the variant's n_comm. Synchronises the rank's stream.
+  int last_n_comm(int rank, int layer) const;
 
  private:
   struct RankState;

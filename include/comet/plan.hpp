@@ -33,13 +33,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "comet/hd.hpp"
 #include "comet/shape.hpp"
-
-#if defined(__CUDACC__)
-#define COMET_HD __host__ __device__
-#else
-#define COMET_HD
-#endif
 
 namespace comet {
 

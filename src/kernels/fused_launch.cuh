@@ -48,6 +48,8 @@ void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
   p.epoch = l.epoch;
   p.n_comm = l.mode == Mode::gemm_only ? 0 : l.n_comm;
   p.n_compute = compute_blocks(lim, p.n_comm, l.mode);
+  p.adapt = l.adapt;
+  p.adapt.enabled = l.adapt.enabled && l.mode == Mode::fused && p.n_comm > 0;
   p.m_group = l.m_group;
   p.smem_bytes = Cfg::kSharedBytes;
   p.wait_ready = l.mode == Mode::fused;
@@ -74,6 +76,8 @@ void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
   p.epoch = l.epoch;
   p.n_comm = l.mode == Mode::gemm_only ? 0 : l.n_comm;
   p.n_compute = compute_blocks(lim, p.n_comm, l.mode);
+  p.adapt = l.adapt;
+  p.adapt.enabled = l.adapt.enabled && l.mode == Mode::fused && p.n_comm > 0;
   p.m_group = l.m_group;
   p.n_group = l.n_group;
   p.smem_bytes = Cfg::kSharedBytes;

@@ -6,6 +6,7 @@
 
 #include "comet/team.hpp"
 #include "comet/variant.hpp"
+#include "kernels/adaptive_split.hpp"
 #include "kernels/layer_args.hpp"
 
 namespace comet::kernels {
@@ -31,6 +32,7 @@ struct Layer0Launch {
   DispatchArgs dispatch;  // dispatch.a is the GEMM's A
   const int32_t* epoch = nullptr;
   int n_comm = 0;
+  AdaptiveSplit adapt;  // fused mode with comm blocks only: the kernel may re-pick n_comm from the plan
   int m_group = 16;
   Mode mode = Mode::fused;
   TeamDeviceView team;
@@ -48,6 +50,7 @@ struct Layer1Launch {
   CombineArgs combine;  // combine.y == y
   const int32_t* epoch = nullptr;
   int n_comm = 0;
+  AdaptiveSplit adapt;  // as in Layer0Launch
   int m_group = 16;
   int n_group = 1;
   Mode mode = Mode::fused;

@@ -4,8 +4,11 @@
 //                                on tile_ready[m] >= epoch before loading a tile that has remote rows;
 //                                the epilogue applies the activation and writes the hidden rows.
 // Local rows are in A before the launch (local_scatter), so local tiles (first in the order) start at once.
+// n_comm is the host's, or, with an adaptive split, the one every block derives from the plan's counts
+// at kernel start (adaptive_split.hpp).
 #pragma once
 
+#include "kernels/adaptive_split.hpp"
 #include "kernels/compute_role.cuh"
 #include "kernels/dispatch_role.cuh"
 #include "kernels/epilogue.cuh"
@@ -22,8 +25,9 @@ struct Layer0Params {
   __nv_bfloat16* hid;
   int hid_ld;
   const int32_t* epoch;
-  int n_comm;
-  int n_compute;
+  int n_comm;     // the host's; with adapt.enabled the kernel re-picks it (adaptive_split.hpp)
+  int n_compute;  // the host's (grid = n_comm + n_compute)
+  AdaptiveSplit adapt;
   int m_group;
   int smem_bytes;
   bool wait_ready;
@@ -79,13 +83,15 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg> p) {
   extern __shared__ __align__(1024) char smem[];
   const int32_t epoch = *p.epoch;
-  if (int(blockIdx.x) < p.n_comm) {
-    run_dispatch_role(p.dispatch, blockIdx.x, p.n_comm, epoch, smem, p.smem_bytes, p.team);
+  const int n_comm = adaptive_n_comm(p.adapt, p.dispatch.plan, p.n_comm, gridDim.x);
+  if (p.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.adapt.chosen = n_comm;
+  if (int(blockIdx.x) < n_comm) {
+    run_dispatch_role(p.dispatch, blockIdx.x, n_comm, epoch, smem, p.smem_bytes, p.team);
     return;
   }
   const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.m_group, p.wait_ready};
   Layer0Hooks<Cfg> hooks{p, epoch};
-  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - p.n_comm, p.n_compute, smem);
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 
 }  // namespace comet::kernels

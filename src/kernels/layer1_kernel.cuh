@@ -4,9 +4,12 @@
 //                                owner (combine_role)
 //   blocks [n_comm, gridDim.x)   compute blocks: column groups in order; each tile's epilogue writes
 //                                Y's rows and releases tile_done[m * n_blocks + n] = epoch.
+// n_comm is the host's, or, with an adaptive split, the one every block derives from the plan's counts
+// at kernel start (adaptive_split.hpp).
 #pragma once
 
 #include "kernels/combine_role.cuh"
+#include "kernels/adaptive_split.hpp"
 #include "kernels/compute_role.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/fused_layers.hpp"
@@ -21,8 +24,9 @@ struct Layer1Params {
   __nv_bfloat16* y;
   int32_t* tile_done;
   const int32_t* epoch;
-  int n_comm;
-  int n_compute;
+  int n_comm;     // the host's; with adapt.enabled the kernel re-picks it (adaptive_split.hpp)
+  int n_compute;  // the host's (grid = n_comm + n_compute)
+  AdaptiveSplit adapt;
   int m_group;
   int n_group;
   int smem_bytes;
@@ -75,14 +79,16 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_constant__ Layer1Params<Cfg> p) {
   extern __shared__ __align__(1024) char smem[];
   const int32_t epoch = *p.epoch;
-  if (int(blockIdx.x) < p.n_comm) {
-    run_combine_role(p.combine, blockIdx.x, p.n_comm, epoch, p.wait_done, smem, p.smem_bytes, p.team);
+  const int n_comm = adaptive_n_comm(p.adapt, p.combine.plan, p.n_comm, gridDim.x);
+  if (p.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.adapt.chosen = n_comm;
+  if (int(blockIdx.x) < n_comm) {
+    run_combine_role(p.combine, blockIdx.x, n_comm, epoch, p.wait_done, smem, p.smem_bytes, p.team);
     return;
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
   const Layer1Schedule schedule{p.combine.plan, n_blocks, p.m_group, p.n_group};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
-  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - p.n_comm, p.n_compute, smem);
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 
 }  // namespace comet::kernels

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "comet/cost_model_eval.hpp"
 #include "comet/cuda_check.hpp"
 #include "kernels/fused_layers.hpp"
 #include "kernels/local_rows.hpp"
@@ -60,6 +61,32 @@ int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t 
   return std::clamp(std::max(wave, larger), 1, 16);
 }
 
+// What a fused launch needs to re-pick n_comm on the device (kernels/adaptive_split.hpp): only when
+// the caller let the tuner pick n_comm and the pick has comm blocks (sequential mode stays as it is).
+kernels::AdaptiveSplit make_adaptive_split(const FusedMoe& moe, int layer, int tokens, const LayerVariant& requested,
+                                           const LayerVariant& v, int32_t* chosen) {
+  kernels::AdaptiveSplit a;
+  if (!moe.options().adaptive_split || requested.n_comm >= 0 || v.n_comm <= 0) return a;
+  const MoeShape& s = moe.shape();
+  const Parallel& p = moe.parallel();
+  const TuneKey key = moe.tune_key(layer, std::max(1, tokens));
+  a.enabled = 1;
+  a.model = moe.tune_table().model(key.gpu, key.link);
+  a.per_row.layer = layer;
+  a.per_row.hidden = s.hidden;
+  a.per_row.topk = s.topk;
+  a.per_row.gemm_n = layer == 0 ? s.w0_rows() / p.tp : s.hidden;
+  a.per_row.flops = 2.0 * a.per_row.gemm_n * (layer == 0 ? s.hidden : p.ffn_shard(s));
+  a.local_experts = p.local_experts(s);
+  a.sms = key.sms;
+  a.tile_n = v.tile_n;
+  a.n_host = v.n_comm;
+  a.n_expected = cost_best_n_comm(a.model, expected_work(s, p, layer, std::max(1, tokens), v.tile_n), key.sms,
+                                  v.tile_n, false);
+  a.chosen = chosen;
+  return a;
+}
+
 bool checking_from_env() {
   const char* v = std::getenv("COMET_CHECK");
   return v && std::string(v) == "1";
@@ -79,6 +106,9 @@ struct FusedMoe::RankState {
   int32_t* tile_arrived = nullptr;  // [max_tiles]
   int32_t* tile_done = nullptr;     // [max_tiles * ceil(H / 128)]
   int32_t* epoch = nullptr;
+  int32_t* chosen_n_comm = nullptr;  // [2] the adaptive split's pick of the last fused launch per layer
+  int last_n_comm[2] = {0, 0};      // the host's n_comm of the last launch per layer
+  bool last_adapted[2] = {false, false};
   const void* w0 = nullptr;
   const void* w1 = nullptr;
   const void* x = nullptr;  // the staged batch's tokens (device)
@@ -146,6 +176,7 @@ FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const
     s->tile_arrived = static_cast<int32_t*>(s->alloc(size_t(max_tiles) * 4));
     s->tile_done = static_cast<int32_t*>(s->alloc(size_t(max_tiles) * max_n_blocks * 4));
     s->epoch = static_cast<int32_t*>(s->alloc(4));
+    s->chosen_n_comm = static_cast<int32_t*>(s->alloc(2 * 4));
     ranks_.push_back(std::move(s));
   }
 }
@@ -204,6 +235,16 @@ int FusedMoe::max_blocks(int layer, int tile_n) const {
   int& cached = max_blocks_[layer == 0 ? 0 : 1][tile_n == 256 ? 2 : tile_n == 192 ? 1 : 0];
   if (cached == 0) cached = (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
   return cached;
+}
+
+int FusedMoe::last_n_comm(int rank, int layer) const {
+  const RankState& s = state(rank);
+  const int l = layer == 0 ? 0 : 1;
+  if (!s.last_adapted[l]) return s.last_n_comm[l];
+  int32_t n = 0;
+  COMET_CUDA_CHECK(cudaMemcpyAsync(&n, s.chosen_n_comm + l, 4, cudaMemcpyDeviceToHost, s.stream));
+  COMET_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  return n;
 }
 
 TuneKey FusedMoe::tune_key(int layer, int tokens_per_rank) const {
@@ -282,6 +323,10 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, U
                                      options_.dispatch_store_lag};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
+  l.adapt = make_adaptive_split(*this, 0, s.tokens, requested, v, s.chosen_n_comm);
+  l.adapt.enabled = l.adapt.enabled && mode == LayerMode::fused;
+  s.last_n_comm[0] = v.n_comm;
+  s.last_adapted[0] = l.adapt.enabled;
   const double expected_rows = double(par_.world()) * s.tokens * shape_.topk / par_.ep;  // uniform routing
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, (l.n0 + v.tile_n - 1) / v.tile_n,
                            size_t(kTileM) * shape_.hidden * 2, l2_bytes_, mode == LayerMode::fused && v.n_comm > 0,
@@ -332,6 +377,10 @@ void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& requested, U
                                    units.end};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
+  l.adapt = make_adaptive_split(*this, 1, s.tokens, requested, v, s.chosen_n_comm + 1);
+  l.adapt.enabled = l.adapt.enabled && mode == LayerMode::fused;
+  s.last_n_comm[1] = v.n_comm;
+  s.last_adapted[1] = l.adapt.enabled;
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, std::min(v.n_group, (H + v.tile_n - 1) / v.tile_n),
                            size_t(kTileM) * l.ffn_shard * 2, l2_bytes_, mode == LayerMode::fused, 0);
   l.n_group = v.n_group;

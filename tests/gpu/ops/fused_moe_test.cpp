@@ -3,13 +3,16 @@
 // the ugly routings, and determinism across n_comm and repeats.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
 #include "comet/bf16.hpp"
+#include "comet/cost_model_eval.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
+#include "kernels/adaptive_split.hpp"
 #include "support/layer_checks.hpp"
 #include "support/moe_problem.hpp"
 
@@ -183,6 +186,65 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
   check_layers(h);
   for (size_t r = 0; r < fused.size(); ++r)
     EXPECT_EQ(0, std::memcmp(fused[r].data(), sequential[r].data(), fused[r].size() * sizeof(float))) << "rank " << r;
+}
+
+// Adaptive split: with the tuner's n_comm, each fused launch re-picks its comm blocks on the device
+// from the plan's counts. The kernel's pick is the rule of kernels/adaptive_split.hpp evaluated here on
+// the host plan, and the outputs equal a forced run's bitwise (n_comm never changes the result).
+TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
+  setenv("COMET_TUNE_TABLE", "/nonexistent/comet-test/tune.json", 1);  // the cost model picks
+  Case c{"adaptive", kTop8, {4, 1}, {300, 20, 250, 77}, RoutingKind::zipf, Link::host};
+  c.l0 = c.l1 = LayerVariant{256, -1, 0, 1};
+  Harness h(c);
+  unsetenv("COMET_TUNE_TABLE");
+  h.moe.options().adaptive_split = true;
+  const int W = c.par.world();
+  for (int r = 0; r < W; ++r) h.moe.stage(r, h.ranks[r]->batch());
+  h.team.barrier();
+  std::vector<std::array<int, 2>> used(W);
+  for (int r = 0; r < W; ++r) {
+    h.moe.prepare(r);
+    h.moe.layer0(r, LayerMode::fused, c.l0);
+    used[r][0] = h.moe.last_n_comm(r, 0);
+    h.moe.layer1(r, LayerMode::fused, c.l1);
+    used[r][1] = h.moe.last_n_comm(r, 1);
+  }
+  h.team.barrier();
+  for (int r = 0; r < W; ++r) h.moe.finish(r, h.ranks[r]->batch());
+  h.moe.sync_and_check();
+  const auto adaptive = h.outputs();
+  check_outputs(h, adaptive);
+
+  for (int r = 0; r < W; ++r) {
+    const HostPlan plan = h.moe.plan(r).to_host(h.team.stream(r));
+    for (int layer = 0; layer < 2; ++layer) {
+      const TunedVariant t = h.moe.resolve(layer, r, layer == 0 ? c.l0 : c.l1);
+      const TuneKey key = h.moe.tune_key(layer, c.tokens[r]);
+      const CostModel m = h.moe.tune_table().model(key.gpu, key.link);
+      kernels::AdaptiveSplit a;
+      a.enabled = 1;
+      a.model = m;
+      a.per_row.layer = layer;
+      a.per_row.hidden = c.shape.hidden;
+      a.per_row.topk = c.shape.topk;
+      a.per_row.gemm_n = layer == 0 ? c.shape.w0_rows() / c.par.tp : c.shape.hidden;
+      a.per_row.flops = 2.0 * a.per_row.gemm_n * (layer == 0 ? c.shape.hidden : c.par.ffn_shard(c.shape));
+      a.local_experts = c.par.local_experts(c.shape);
+      a.sms = key.sms;
+      a.tile_n = t.variant.tile_n;
+      a.n_host = t.variant.n_comm;
+      a.n_expected = cost_best_n_comm(m, expected_work(c.shape, c.par, layer, std::max(1, c.tokens[r]), a.tile_n),
+                                      key.sms, a.tile_n, false);
+      const int grid = h.moe.max_blocks(layer, a.tile_n);
+      const int want = t.variant.n_comm == 0 ? 0 : kernels::adaptive_n_comm(a, plan.view(), t.variant.n_comm, grid);
+      EXPECT_EQ(used[r][layer], want) << "rank " << r << " layer " << layer << " (host pick " << t.variant.n_comm
+                                      << ")";
+    }
+  }
+  h.run(LayerVariant{256, 4, 0, 1}, LayerVariant{256, 4, 0, 1});
+  const auto forced = h.outputs();
+  for (int r = 0; r < W; ++r)
+    EXPECT_EQ(0, std::memcmp(adaptive[r].data(), forced[r].data(), adaptive[r].size() * sizeof(float))) << "rank " << r;
 }
 
 // Automatic options (tile_n 0, n_comm -1): the tuner picks tile shape and n_comm per layer. With an

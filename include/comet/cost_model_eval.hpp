@@ -1,0 +1,76 @@
+// The cost model's arithmetic (tune.hpp has the formulas and where the constants come from), written
+// once for the host and the device: the host picks a variant from the expected work of a key, and the
+// fused kernels may re-pick n_comm from the work the plan actually holds (adaptive split).
+#pragma once
+
+#include <math.h>
+
+#include "comet/hd.hpp"
+#include "comet/tune.hpp"
+
+namespace comet {
+
+namespace cost_model_detail {
+COMET_HD inline double max_d(double a, double b) { return a > b ? a : b; }
+COMET_HD inline double min_d(double a, double b) { return a < b ? a : b; }
+}  // namespace cost_model_detail
+
+COMET_HD inline double cost_unit_us(const CostModel& m, const LayerWork& w) {
+  if (w.layer == 0) return m.l0_unit_us + w.rows_per_unit * w.hidden * 2.0 / (m.l0_store_gbps * 1e3);
+  return m.l1_slice_us * ::ceil(w.hidden / 256.0) * w.topk / 16.0;
+}
+
+COMET_HD inline double cost_tile_factor(const CostModel& m, const LayerWork& w, int tile_n) {
+  if (tile_n == 256 || w.gemm_n <= 0) return 1.0;
+  const double padded = double((w.gemm_n + tile_n - 1) / tile_n * tile_n);
+  const double padded256 = double((w.gemm_n + 255) / 256 * 256);
+  return padded / padded256 / (tile_n == 192 ? m.tile192_efficiency : m.tile128_efficiency);
+}
+
+// Predicted time (ms) of the layer with n_comm comm blocks out of `sms` (0: sequential mode).
+COMET_HD inline double cost_predict_ms(const CostModel& m, const LayerWork& w, int n_comm, int sms, int tile_n) {
+  using namespace cost_model_detail;
+  // Sequential mode (n_comm 0): the communication on every SM, then the GEMM on every SM.
+  const int gemm_sms = n_comm == 0 ? sms : (sms - n_comm > 1 ? sms - n_comm : 1);
+  const double t_gemm = w.flops * cost_tile_factor(m, w, tile_n) / (m.gemm_tflops_per_sm * 1e12 * gemm_sms) * 1e3;
+  double t_comm = 0;
+  if (w.comm_units > 0) {
+    const double t_blocks = w.comm_units * cost_unit_us(m, w) / (n_comm == 0 ? sms : n_comm) * 1e-3;
+    const double t_link = w.link_bytes / (m.link_gbps * 1e9) * 1e3;
+    t_comm = ::pow(::pow(t_blocks, 4.0) + ::pow(t_link, 4.0), 0.25);
+  }
+  if (n_comm == 0) return t_gemm + t_comm;
+  return max_d(t_gemm, t_comm) + m.overlap_penalty * min_d(t_gemm, t_comm);
+}
+
+// The candidate n_comm (2, 4, 8, 16, 24, 32, at most 40 % of sms) with the least predicted time, the
+// fewest blocks among those within 1 % of it; with allow_sequential, 0 if that is predicted
+// sequential_margin faster still.
+COMET_HD inline int cost_best_n_comm(const CostModel& m, const LayerWork& w, int sms, int tile_n,
+                                     bool allow_sequential) {
+  constexpr int kCandidates[] = {2, 4, 8, 16, 24, 32};
+  const int cap = sms * 2 / 5 > 2 ? sms * 2 / 5 : 2;
+  double best_ms = 1e300;
+  for (int n : kCandidates)
+    if (n <= cap) best_ms = cost_model_detail::min_d(best_ms, cost_predict_ms(m, w, n, sms, tile_n));
+  if (allow_sequential && w.comm_units > 0 &&
+      cost_predict_ms(m, w, 0, sms, tile_n) < best_ms * (1.0 - m.sequential_margin))
+    return 0;
+  for (int n : kCandidates)
+    if (n <= cap && cost_predict_ms(m, w, n, sms, tile_n) <= best_ms * 1.01) return n;
+  return kCandidates[0];
+}
+
+// A rank's work as its plan counts it: `per_row` holds the layer's shape fields (layer, hidden, topk,
+// gemm_n) and the GEMM flops of ONE row in `flops`; rows, units and local units come from the plan.
+COMET_HD inline LayerWork measured_work(const LayerWork& per_row, double rows, double units, double local_units) {
+  LayerWork w = per_row;
+  const double remote = units - local_units;
+  w.flops = per_row.flops * rows;
+  w.link_bytes = remote * per_row.hidden * 2.0;
+  w.comm_units = per_row.layer == 0 ? remote : units;
+  w.rows_per_unit = units > 0 ? rows / units : 1.0;
+  return w;
+}
+
+}  // namespace comet

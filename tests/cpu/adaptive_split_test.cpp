@@ -1,0 +1,99 @@
+// The adaptive split's rule (kernels/adaptive_split.hpp) on plan counts, evaluated on the host: the
+// same inline code the fused kernels run at their start.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "comet/cost_model_eval.hpp"
+#include "kernels/adaptive_split.hpp"
+
+using namespace comet;
+
+namespace {
+
+// Qwen1.5-MoE-A2.7B-like layer 1 (64 experts, top-8), EP 8, 4096 tokens per rank, over the host link.
+struct Layer1Case {
+  MoeShape shape{3584, 2560, 64, 8, Activation::swiglu};
+  Parallel par{8, 1};
+  int tokens = 4096, sms = 132, layer = 1, tile_n = 256;
+  CostModel model = CostModel::defaults(Link::host);
+
+  kernels::AdaptiveSplit split(int n_host) const {
+    kernels::AdaptiveSplit a;
+    a.enabled = 1;
+    a.model = model;
+    a.per_row.layer = layer;
+    a.per_row.hidden = shape.hidden;
+    a.per_row.topk = shape.topk;
+    a.per_row.gemm_n = shape.hidden;
+    a.per_row.flops = 2.0 * shape.hidden * par.ffn_shard(shape);
+    a.local_experts = par.local_experts(shape);
+    a.sms = sms;
+    a.tile_n = tile_n;
+    a.n_host = n_host;
+    a.n_expected = cost_best_n_comm(model, expected_work(shape, par, layer, tokens, tile_n), sms, tile_n, false);
+    return a;
+  }
+};
+
+// A plan that only holds the counts the rule reads.
+struct CountsPlan {
+  std::vector<int32_t> expert_rows;
+  int32_t units = 0, local_units = 0;
+  PlanView view() {
+    PlanView v;
+    v.expert_rows = expert_rows.data();
+    v.num_units = &units;
+    v.num_local_units = &local_units;
+    return v;
+  }
+};
+
+CountsPlan counts(int experts, double rows, double units, double local_units) {
+  CountsPlan c;
+  c.expert_rows.assign(experts, int32_t(std::lround(rows / experts)));
+  c.units = int32_t(std::lround(units));
+  c.local_units = int32_t(std::lround(local_units));
+  return c;
+}
+
+}  // namespace
+
+TEST(AdaptiveSplit, MeasuredWorkOfTheExpectedCountsIsTheExpectedWork) {
+  const Layer1Case s;
+  const LayerWork e = expected_work(s.shape, s.par, s.layer, s.tokens, s.tile_n);
+  const double reach = 1.0 - std::pow(1.0 - 1.0 / s.par.ep, s.shape.topk);
+  const double units = s.par.world() * s.tokens * reach, rows = s.par.world() * s.tokens * s.shape.topk / s.par.ep;
+  const LayerWork m = measured_work(s.split(0).per_row, rows, units, s.tokens * reach);
+  EXPECT_NEAR(m.flops / e.flops, 1.0, 1e-9);
+  EXPECT_NEAR(m.link_bytes / e.link_bytes, 1.0, 1e-9);
+  EXPECT_NEAR(m.comm_units / e.comm_units, 1.0, 1e-9);
+  EXPECT_NEAR(m.rows_per_unit / e.rows_per_unit, 1.0, 1e-9);
+}
+
+TEST(AdaptiveSplit, KeepsTheHostPickWhereThePlanLooksAsExpected) {
+  const Layer1Case s;
+  const double reach = 1.0 - std::pow(1.0 - 1.0 / s.par.ep, s.shape.topk);
+  CountsPlan uniform = counts(8, 8.0 * s.tokens * 8 / 8, 8.0 * s.tokens * reach, s.tokens * reach);
+  // 7 is no candidate of the model: only the host (a measured table entry) could have chosen it.
+  EXPECT_EQ(kernels::adaptive_n_comm(s.split(7), uniform.view(), 7, 132), 7);
+}
+
+TEST(AdaptiveSplit, FollowsThePlanWhereRoutingIsSkewed) {
+  const Layer1Case s;
+  // Zipf-like counts measured on rank 0 (H200 sweep, 4096 tokens): 4.3x the rows but 1.5x the
+  // pulled units of uniform routing, so far less comm per GEMM flop.
+  CountsPlan skewed = counts(8, 139351, 28669 * 8.0 / 7.0, 28669 / 7.0);
+  const kernels::AdaptiveSplit a = s.split(32);
+  const LayerWork w = measured_work(a.per_row, 139351, skewed.units, skewed.local_units);
+  const int n_plan = cost_best_n_comm(s.model, w, s.sms, s.tile_n, false);
+  ASSERT_NE(n_plan, a.n_expected) << "the skewed counts should move the model's pick";
+  EXPECT_LT(n_plan, a.n_expected);  // less comm per flop: fewer comm blocks
+  EXPECT_EQ(kernels::adaptive_n_comm(a, skewed.view(), 32, 132), n_plan);
+  // Whatever the pick, a compute block is left, and a disabled split keeps the host's value.
+  EXPECT_LE(kernels::adaptive_n_comm(a, skewed.view(), 32, 3), 2);
+  kernels::AdaptiveSplit off = a;
+  off.enabled = 0;
+  EXPECT_EQ(kernels::adaptive_n_comm(off, skewed.view(), 32, 132), 32);
+}

@@ -50,8 +50,8 @@ kernels::EpilogueOp activation_op(Activation a) {
 //    quarter of L2 holds of A.
 //  * Fused (groups follow arrival): the L2 rule made its blocks wait on tiles that had not arrived
 //    (fb5687d against 2ceb628: layer 0 up to 1.37x slower at 1024 tokens), so the group also stays
-//    under 1/16 of the expected M-tiles: one wave at 1024 tokens, the L2 size at 16384 (H200 probe,
-//    Mixtral ep8 host link, fused at 16384 tokens: 12.6 ms with groups of 2, 11.0 ms with 12).
+//    under 1/16 of the expected M-tiles: one wave at 1024 tokens, the L2 rule's 15 at 16384 (Mixtral
+//    ep8; H200 probes of the fused layer 0 in docs/design-changes.md: never slower, up to 13 % faster).
 int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t a_tile_bytes, size_t l2_bytes,
                  bool fused_kernel, int expected_m_tiles) {
   if (m_group > 0) return m_group;

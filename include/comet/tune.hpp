@@ -43,6 +43,10 @@ struct LayerWork {
   int gemm_n = 0;            // the GEMM's N (layer 0: W0 rows of the shard; layer 1: H); 0: unknown
 };
 
+// One row's work: the layer's shape fields (layer, hidden, topk, gemm_n) and, in `flops`, the GEMM
+// flops of a single row; the counts are 0. measured_work (cost_model_eval.hpp) scales it by a plan's counts.
+LayerWork row_work(const MoeShape& s, const Parallel& p, int layer);
+
 // Expected work of one rank for a shape, layout and tokens per rank under uniform routing.
 LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n);
 

@@ -29,6 +29,23 @@ struct AdaptiveSplit {
   int32_t* chosen = nullptr;  // written by block 0: the split the launch ran with (diagnostics)
 };
 
+// Host: the split of a fused launch of `layer` for `tokens` per rank, whose host pick is n_host, with
+// the cost model `m` of the device (`sms` SMs).
+inline AdaptiveSplit make_adaptive_split(const MoeShape& s, const Parallel& p, int layer, int tokens, const CostModel& m,
+                                         int sms, int tile_n, int n_host, int32_t* chosen) {
+  AdaptiveSplit a;
+  a.enabled = 1;
+  a.model = m;
+  a.per_row = row_work(s, p, layer);
+  a.local_experts = p.local_experts(s);
+  a.sms = sms;
+  a.tile_n = tile_n;
+  a.n_host = n_host;
+  a.n_expected = cost_best_n_comm(m, expected_work(s, p, layer, tokens, tile_n), sms, tile_n, false);
+  a.chosen = chosen;
+  return a;
+}
+
 // The launch's comm blocks: the host's n_comm, or the adaptive pick, clamped to leave a compute block.
 COMET_HD inline int adaptive_n_comm(const AdaptiveSplit& a, const PlanView& plan, int host_n_comm, int grid) {
   if (!a.enabled) return host_n_comm;

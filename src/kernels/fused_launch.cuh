@@ -105,12 +105,9 @@ void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
   }                                                                                                          \
   }
 #define COMET_DEFINE_FUSED_LAYERS(TM, TN)                                                                    \
+  COMET_DEFINE_FUSED_LAYER0(TM, TN)                                                                          \
   namespace comet::kernels {                                                                                 \
-  LaunchLimits layer0_limits_##TM##x##TN() { return layer0_limits_for<GemmConfig<TM, TN>>(); }                \
   LaunchLimits layer1_limits_##TM##x##TN() { return layer1_limits_for<GemmConfig<TM, TN>>(); }                \
-  void launch_layer0_##TM##x##TN(const Layer0Launch& l, cudaStream_t s) {                                     \
-    launch_layer0_for<GemmConfig<TM, TN>>(l, s);                                                              \
-  }                                                                                                          \
   void launch_layer1_##TM##x##TN(const Layer1Launch& l, cudaStream_t s) {                                     \
     launch_layer1_for<GemmConfig<TM, TN>>(l, s);                                                              \
   }                                                                                                          \

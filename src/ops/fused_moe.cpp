@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cstdlib>
 
-#include "comet/cost_model_eval.hpp"
 #include "comet/cuda_check.hpp"
 #include "kernels/fused_layers.hpp"
 #include "kernels/local_rows.hpp"
@@ -61,30 +60,14 @@ int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t 
   return std::clamp(std::max(wave, larger), 1, 16);
 }
 
-// What a fused launch needs to re-pick n_comm on the device (kernels/adaptive_split.hpp): only when
-// the caller let the tuner pick n_comm and the pick has comm blocks (sequential mode stays as it is).
-kernels::AdaptiveSplit make_adaptive_split(const FusedMoe& moe, int layer, int tokens, const LayerVariant& requested,
-                                           const LayerVariant& v, int32_t* chosen) {
-  kernels::AdaptiveSplit a;
-  if (!moe.options().adaptive_split || requested.n_comm >= 0 || v.n_comm <= 0) return a;
-  const MoeShape& s = moe.shape();
-  const Parallel& p = moe.parallel();
+// What a fused launch needs to re-pick n_comm on the device (kernels/adaptive_split.hpp): only in fused
+// mode, when the caller let the tuner pick n_comm and the pick has comm blocks (sequential mode stays).
+kernels::AdaptiveSplit adaptive_split_for(const FusedMoe& moe, int layer, LayerMode mode, int tokens,
+                                          const LayerVariant& requested, const LayerVariant& v, int32_t* chosen) {
+  if (!moe.options().adaptive_split || mode != LayerMode::fused || requested.n_comm >= 0 || v.n_comm <= 0) return {};
   const TuneKey key = moe.tune_key(layer, std::max(1, tokens));
-  a.enabled = 1;
-  a.model = moe.tune_table().model(key.gpu, key.link);
-  a.per_row.layer = layer;
-  a.per_row.hidden = s.hidden;
-  a.per_row.topk = s.topk;
-  a.per_row.gemm_n = layer == 0 ? s.w0_rows() / p.tp : s.hidden;
-  a.per_row.flops = 2.0 * a.per_row.gemm_n * (layer == 0 ? s.hidden : p.ffn_shard(s));
-  a.local_experts = p.local_experts(s);
-  a.sms = key.sms;
-  a.tile_n = v.tile_n;
-  a.n_host = v.n_comm;
-  a.n_expected = cost_best_n_comm(a.model, expected_work(s, p, layer, std::max(1, tokens), v.tile_n), key.sms,
-                                  v.tile_n, false);
-  a.chosen = chosen;
-  return a;
+  return kernels::make_adaptive_split(moe.shape(), moe.parallel(), layer, std::max(1, tokens),
+                                      moe.tune_table().model(key.gpu, key.link), key.sms, v.tile_n, v.n_comm, chosen);
 }
 
 bool checking_from_env() {
@@ -323,8 +306,7 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, U
                                      options_.dispatch_store_lag};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
-  l.adapt = make_adaptive_split(*this, 0, s.tokens, requested, v, s.chosen_n_comm);
-  l.adapt.enabled = l.adapt.enabled && mode == LayerMode::fused;
+  l.adapt = adaptive_split_for(*this, 0, mode, s.tokens, requested, v, s.chosen_n_comm);
   s.last_n_comm[0] = v.n_comm;
   s.last_adapted[0] = l.adapt.enabled;
   const double expected_rows = double(par_.world()) * s.tokens * shape_.topk / par_.ep;  // uniform routing
@@ -377,8 +359,7 @@ void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& requested, U
                                    units.end};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
-  l.adapt = make_adaptive_split(*this, 1, s.tokens, requested, v, s.chosen_n_comm + 1);
-  l.adapt.enabled = l.adapt.enabled && mode == LayerMode::fused;
+  l.adapt = adaptive_split_for(*this, 1, mode, s.tokens, requested, v, s.chosen_n_comm + 1);
   s.last_n_comm[1] = v.n_comm;
   s.last_adapted[1] = l.adapt.enabled;
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, std::min(v.n_group, (H + v.tile_n - 1) / v.tile_n),

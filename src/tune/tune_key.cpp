@@ -20,6 +20,16 @@ int tokens_bucket(int tokens_per_rank) {
   return b;
 }
 
+LayerWork row_work(const MoeShape& s, const Parallel& p, int layer) {
+  LayerWork w;
+  w.layer = layer;
+  w.hidden = s.hidden;
+  w.topk = s.topk;
+  w.gemm_n = layer == 0 ? int(s.w0_rows() / p.tp) : s.hidden;
+  w.flops = 2.0 * w.gemm_n * (layer == 0 ? s.hidden : p.ffn_shard(s));
+  return w;
+}
+
 LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n) {
   const double W = p.world(), T = tokens_per_rank, k = s.topk;
   // Every token of every rank sends k rows, spread evenly over the ep groups; each of the group's tp
@@ -29,15 +39,11 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
   const double reach = 1.0 - std::pow(1.0 - 1.0 / p.ep, k);
   const double units = W * T * reach, remote_units = (W - 1) * T * reach;
   const double H = s.hidden, Fs = p.ffn_shard(s);
-  LayerWork w;
-  w.layer = layer;
+  LayerWork w = row_work(s, p, layer);
   w.link_bytes = remote_units * H * 2;
   w.comm_units = layer == 0 ? remote_units : units;
   w.rows_per_unit = units > 0 ? rows / units : 1;
-  w.hidden = s.hidden;
-  w.topk = s.topk;
   w.flops = layer == 0 ? 2.0 * rows * s.w0_rows() / p.tp * H : 2.0 * rows * H * Fs;
-  w.gemm_n = layer == 0 ? int(s.w0_rows() / p.tp) : s.hidden;
   (void)tile_n;
   return w;
 }

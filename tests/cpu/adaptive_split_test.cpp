@@ -20,20 +20,7 @@ struct Layer1Case {
   CostModel model = CostModel::defaults(Link::host);
 
   kernels::AdaptiveSplit split(int n_host) const {
-    kernels::AdaptiveSplit a;
-    a.enabled = 1;
-    a.model = model;
-    a.per_row.layer = layer;
-    a.per_row.hidden = shape.hidden;
-    a.per_row.topk = shape.topk;
-    a.per_row.gemm_n = shape.hidden;
-    a.per_row.flops = 2.0 * shape.hidden * par.ffn_shard(shape);
-    a.local_experts = par.local_experts(shape);
-    a.sms = sms;
-    a.tile_n = tile_n;
-    a.n_host = n_host;
-    a.n_expected = cost_best_n_comm(model, expected_work(shape, par, layer, tokens, tile_n), sms, tile_n, false);
-    return a;
+    return kernels::make_adaptive_split(shape, par, layer, tokens, model, sms, tile_n, n_host, nullptr);
   }
 };
 

@@ -31,6 +31,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "comet/cost_model_eval.hpp"
 #include "comet/tune.hpp"
 #include "models.hpp"
 
@@ -87,13 +88,9 @@ LayerWork work_of(const json& r, bool measured = false) {
   const Parallel par{r.value("ep", 8), r.value("tp", 1)};
   LayerWork w = expected_work(m.shape, par, r.value("layer", "") == "l0" ? 0 : 1, r.value("tokens_per_rank", 0), 256);
   if (measured && r.contains("rows") && r.contains("link_rows")) {
-    const double rows = r.value("rows", 0), remote = r.value("link_rows", 0), W = par.world();
+    const double remote = r.value("link_rows", 0), W = par.world();
     const double units = remote * W / std::max(1.0, W - 1);
-    const double H = m.shape.hidden;
-    w.link_bytes = remote * H * 2;
-    w.comm_units = w.layer == 0 ? remote : units;
-    w.rows_per_unit = units > 0 ? rows / units : 1;
-    w.flops = w.layer == 0 ? 2.0 * rows * m.shape.w0_rows() / par.tp * H : 2.0 * rows * H * par.ffn_shard(m.shape);
+    w = measured_work(row_work(m.shape, par, w.layer), r.value("rows", 0), units, units - remote);
   }
   return w;
 }

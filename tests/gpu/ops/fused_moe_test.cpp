@@ -9,7 +9,6 @@
 #include <cstring>
 
 #include "comet/bf16.hpp"
-#include "comet/cost_model_eval.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "kernels/adaptive_split.hpp"
@@ -220,21 +219,10 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
     for (int layer = 0; layer < 2; ++layer) {
       const TunedVariant t = h.moe.resolve(layer, r, layer == 0 ? c.l0 : c.l1);
       const TuneKey key = h.moe.tune_key(layer, c.tokens[r]);
-      const CostModel m = h.moe.tune_table().model(key.gpu, key.link);
-      kernels::AdaptiveSplit a;
-      a.enabled = 1;
-      a.model = m;
-      a.per_row.layer = layer;
-      a.per_row.hidden = c.shape.hidden;
-      a.per_row.topk = c.shape.topk;
-      a.per_row.gemm_n = layer == 0 ? c.shape.w0_rows() / c.par.tp : c.shape.hidden;
-      a.per_row.flops = 2.0 * a.per_row.gemm_n * (layer == 0 ? c.shape.hidden : c.par.ffn_shard(c.shape));
-      a.local_experts = c.par.local_experts(c.shape);
-      a.sms = key.sms;
-      a.tile_n = t.variant.tile_n;
-      a.n_host = t.variant.n_comm;
-      a.n_expected = cost_best_n_comm(m, expected_work(c.shape, c.par, layer, std::max(1, c.tokens[r]), a.tile_n),
-                                      key.sms, a.tile_n, false);
+      const int tokens = std::max(1, c.tokens[r]);
+      const kernels::AdaptiveSplit a =
+          kernels::make_adaptive_split(c.shape, c.par, layer, tokens, h.moe.tune_table().model(key.gpu, key.link),
+                                       key.sms, t.variant.tile_n, t.variant.n_comm, nullptr);
       const int grid = h.moe.max_blocks(layer, a.tile_n);
       const int want = t.variant.n_comm == 0 ? 0 : kernels::adaptive_n_comm(a, plan.view(), t.variant.n_comm, grid);
       EXPECT_EQ(used[r][layer], want) << "rank " << r << " layer " << layer << " (host pick " << t.variant.n_comm

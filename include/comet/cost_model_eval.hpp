@@ -61,6 +61,18 @@ COMET_HD inline int cost_best_n_comm(const CostModel& m, const LayerWork& w, int
   return kCandidates[0];
 }
 
+// Load class of a rank's batch: its rows against the uniform expectation, rounded to a power of two and
+// held to 1..8 (a rank lighter than uniform is class 1). Under skewed routing the hot rank sets the
+// layer's time; its class (Zipf 1.2 over the experts: 2-8) keys table entries measured under that
+// skew, which the fused kernels look up from the plan's counts (adaptive split).
+COMET_HD inline int load_class(double rows, double expected_rows) {
+  if (!(expected_rows > 0) || rows < 1.41421356 * expected_rows) return 1;
+  if (rows < 2.82842712 * expected_rows) return 2;
+  if (rows < 5.65685425 * expected_rows) return 4;
+  return 8;
+}
+COMET_HD inline int load_class_index(int load) { return load >= 8 ? 3 : load >= 4 ? 2 : load >= 2 ? 1 : 0; }
+
 // A rank's work as its plan counts it: `per_row` holds the layer's shape fields (layer, hidden, topk,
 // gemm_n) and the GEMM flops of ONE row in `flops`; rows, units and local units come from the plan.
 COMET_HD inline LayerWork measured_work(const LayerWork& per_row, double rows, double units, double local_units) {

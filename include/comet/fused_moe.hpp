@@ -14,6 +14,7 @@
 
 #include <cuda_runtime.h>
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -116,6 +117,9 @@ class FusedMoe {
   // The comm blocks the last launch of a layer on `rank` ran with: the adaptive pick when it adapted,
   // else the variant's n_comm. Synchronises the rank's stream.
   int last_n_comm(int rank, int layer) const;
+  // The table's n_comm for a layer's launch in each load class (TuneKey::load 1, 2, 4, 8) measured with
+  // tile_n; 0 where it has none, and for class 1 (the host's own pick). The adaptive split's input.
+  std::array<int, kLoadClasses> load_picks(int layer, int tokens_per_rank, int tile_n) const;
 
  private:
   struct RankState;
@@ -137,6 +141,7 @@ class FusedMoe {
   mutable int max_blocks_[2][3] = {};  // [layer][tile_n 128, 192, 256]: resident grid, queried once
   // Tuner picks by (layer, tokens bucket, tile_n): a launch re-resolves in a hash lookup.
   mutable std::unordered_map<uint64_t, TunedVariant> picks_;
+  mutable std::unordered_map<uint64_t, std::array<int, kLoadClasses>> load_picks_;  // same memo key
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
 };
 

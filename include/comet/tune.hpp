@@ -15,6 +15,8 @@
 
 namespace comet {
 
+constexpr int kLoadClasses = 4;  // TuneKey::load: 1, 2, 4, 8
+
 // What a pick depends on. tokens_bucket is the smallest power of two >= tokens per rank (>= 256).
 struct TuneKey {
   std::string gpu;  // device name, e.g. "NVIDIA H200"
@@ -25,11 +27,18 @@ struct TuneKey {
   Link link = Link::device;
   int tokens_bucket = 0;
   std::string dtype = "bf16";
+  // The batch's load class (cost_model_eval.hpp: load_class): 1 for uniform routing, 2/4/8 for a rank
+  // that skew gives that many times its uniform rows. Entries of classes > 1 are looked up on the
+  // device (adaptive split), the host's own picks are made for class 1.
+  int load = 1;
 
   std::string str() const;  // canonical form, the table's key
 };
 
 int tokens_bucket(int tokens_per_rank);
+
+// Rows of one rank under uniform routing: every rank's tokens x k, spread over the ep groups.
+double expected_rows(const MoeShape& s, const Parallel& p, int tokens_per_rank);
 
 // The work of one rank's layer, as the cost model sees it.
 struct LayerWork {

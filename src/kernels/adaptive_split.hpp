@@ -3,9 +3,12 @@
 // routing without a synchronisation). Every block evaluates the same cost model on the same plan
 // counts at kernel start and so agrees on the split; the grid (all resident blocks) does not change.
 //
-// The rule keeps what the tuner measured where the batch looks like what it measured: if the cost
-// model picks the same n_comm for the plan's counts as for the uniform expectation of the key, the
-// host's pick (table or model) stands; otherwise the model's pick for the plan's counts replaces it.
+// The rule keeps what the tuner measured where the batch looks like what it measured:
+//   1. a rank whose rows put it in load class 2, 4 or 8 (skew; cost_model_eval.hpp) takes the table's
+//      entry for that class if the tuner measured one (comet-tune from skewed sweeps);
+//   2. otherwise, if the cost model picks the same n_comm for the plan's counts as for the uniform
+//      expectation of the key, the host's pick (table or model) stands; if not, the model's pick for
+//      the plan's counts replaces it.
 // On the H200 sweeps (comet-tune --evaluate --measured-work) this rule lifted the table's Zipf picks
 // within 3 % of the best from 132 to 139 of 198 and left every uniform pick as it was.
 #pragma once
@@ -26,13 +29,17 @@ struct AdaptiveSplit {
   int tile_n = 256;
   int n_host = 0;      // the host's pick (table or cost model), for the expected work of the key
   int n_expected = 0;  // the cost model's pick for that expected work (sequential mode excluded)
+  double expected_rows = 0;          // the rank's rows under uniform routing (load_class's scale)
+  int n_by_load[kLoadClasses] = {};  // the table's n_comm per load class for this tile shape; 0: none
   int32_t* chosen = nullptr;  // written by block 0: the split the launch ran with (diagnostics)
 };
 
 // Host: the split of a fused launch of `layer` for `tokens` per rank, whose host pick is n_host, with
-// the cost model `m` of the device (`sms` SMs).
+// the cost model `m` of the device (`sms` SMs); `by_load` (may be null) holds the table's n_comm per
+// load class (0 where it has none).
 inline AdaptiveSplit make_adaptive_split(const MoeShape& s, const Parallel& p, int layer, int tokens, const CostModel& m,
-                                         int sms, int tile_n, int n_host, int32_t* chosen) {
+                                         int sms, int tile_n, int n_host, int32_t* chosen,
+                                         const int* by_load = nullptr) {
   AdaptiveSplit a;
   a.enabled = 1;
   a.model = m;
@@ -43,6 +50,8 @@ inline AdaptiveSplit make_adaptive_split(const MoeShape& s, const Parallel& p, i
   a.n_host = n_host;
   a.n_expected = cost_best_n_comm(m, expected_work(s, p, layer, tokens, tile_n), sms, tile_n, false);
   a.chosen = chosen;
+  a.expected_rows = expected_rows(s, p, tokens);
+  for (int c = 0; c < kLoadClasses; ++c) a.n_by_load[c] = by_load ? by_load[c] : 0;
   return a;
 }
 
@@ -51,9 +60,13 @@ COMET_HD inline int adaptive_n_comm(const AdaptiveSplit& a, const PlanView& plan
   if (!a.enabled) return host_n_comm;
   int rows = 0;
   for (int e = 0; e < a.local_experts; ++e) rows += plan.expert_rows[e];
-  const LayerWork w = measured_work(a.per_row, rows, *plan.num_units, *plan.num_local_units);
-  const int n_plan = cost_best_n_comm(a.model, w, a.sms, a.tile_n, false);
-  const int n = n_plan == a.n_expected ? a.n_host : n_plan;
+  const int measured = a.n_by_load[load_class_index(load_class(rows, a.expected_rows))];
+  int n = measured;
+  if (n <= 0) {
+    const LayerWork w = measured_work(a.per_row, rows, *plan.num_units, *plan.num_local_units);
+    const int n_plan = cost_best_n_comm(a.model, w, a.sms, a.tile_n, false);
+    n = n_plan == a.n_expected ? a.n_host : n_plan;
+  }
   return n < 1 ? 1 : (n > grid - 1 ? grid - 1 : n);
 }
 

@@ -66,8 +66,10 @@ kernels::AdaptiveSplit adaptive_split_for(const FusedMoe& moe, int layer, LayerM
                                           const LayerVariant& requested, const LayerVariant& v, int32_t* chosen) {
   if (!moe.options().adaptive_split || mode != LayerMode::fused || requested.n_comm >= 0 || v.n_comm <= 0) return {};
   const TuneKey key = moe.tune_key(layer, std::max(1, tokens));
+  const std::array<int, kLoadClasses> by_load = moe.load_picks(layer, std::max(1, tokens), v.tile_n);
   return kernels::make_adaptive_split(moe.shape(), moe.parallel(), layer, std::max(1, tokens),
-                                      moe.tune_table().model(key.gpu, key.link), key.sms, v.tile_n, v.n_comm, chosen);
+                                      moe.tune_table().model(key.gpu, key.link), key.sms, v.tile_n, v.n_comm, chosen,
+                                      by_load.data());
 }
 
 bool checking_from_env() {
@@ -265,6 +267,23 @@ TunedVariant FusedMoe::resolve(int layer, int rank, const LayerVariant& v) const
   TunedVariant t = it->second;
   if (v.n_comm >= 0) t.variant.n_comm = v.n_comm;
   return t;
+}
+
+std::array<int, kLoadClasses> FusedMoe::load_picks(int layer, int tokens_per_rank, int tile_n) const {
+  const uint64_t memo = (uint64_t(layer) << 56) | (uint64_t(tile_n) << 40) | uint64_t(tokens_bucket(tokens_per_rank));
+  auto it = load_picks_.find(memo);
+  if (it != load_picks_.end()) return it->second;
+  std::array<int, kLoadClasses> by_load{};
+  TuneKey key = tune_key(layer, tokens_per_rank);
+  for (int c = 1; c < kLoadClasses; ++c) {
+    key.load = 1 << c;
+    const TuneEntry* e = table_.find(key);
+    // Only an entry measured with this launch's tile shape and with comm blocks (the sequential mode
+    // is a different launch, chosen on the host).
+    if (e && e->variant.tile_n == tile_n && e->variant.n_comm > 0)
+      by_load[c] = std::min(e->variant.n_comm, max_blocks(layer, tile_n) - 1);
+  }
+  return load_picks_.emplace(memo, by_load).first->second;
 }
 
 LayerVariant FusedMoe::launch_variant(int layer, int rank, LayerMode mode, const LayerVariant& requested,

@@ -11,6 +11,7 @@ std::string TuneKey::str() const {
   std::ostringstream os;
   os << gpu << '|' << sms << "|l" << layer << '|' << hidden << 'x' << ffn << "|E" << experts << "|k" << topk << "|W"
      << world << "|ep" << ep << "|tp" << tp << '|' << to_string(link) << "|T" << tokens_bucket << '|' << dtype;
+  if (load != 1) os << "|load" << load;  // class 1 keeps the key of tables written before load classes
   return os.str();
 }
 
@@ -18,6 +19,10 @@ int tokens_bucket(int tokens_per_rank) {
   int b = 256;
   while (b < tokens_per_rank) b *= 2;
   return b;
+}
+
+double expected_rows(const MoeShape& s, const Parallel& p, int tokens_per_rank) {
+  return double(p.world()) * tokens_per_rank * s.topk / p.ep;
 }
 
 LayerWork row_work(const MoeShape& s, const Parallel& p, int layer) {
@@ -34,7 +39,7 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
   const double W = p.world(), T = tokens_per_rank, k = s.topk;
   // Every token of every rank sends k rows, spread evenly over the ep groups; each of the group's tp
   // ranks gets all of them (its F shard).
-  const double rows = W * T * k / p.ep;
+  const double rows = expected_rows(s, p, tokens_per_rank);
   // A token reaches a group if one of its k distinct experts lives there.
   const double reach = 1.0 - std::pow(1.0 - 1.0 / p.ep, k);
   const double units = W * T * reach, remote_units = (W - 1) * T * reach;

@@ -84,3 +84,38 @@ TEST(AdaptiveSplit, FollowsThePlanWhereRoutingIsSkewed) {
   off.enabled = 0;
   EXPECT_EQ(kernels::adaptive_n_comm(off, skewed.view(), 32, 132), 32);
 }
+
+TEST(AdaptiveSplit, LoadClassesArePowersOfTwoOfTheUniformRows) {
+  EXPECT_EQ(load_class(0, 1000), 1);
+  EXPECT_EQ(load_class(1000, 1000), 1);
+  EXPECT_EQ(load_class(1414, 1000), 1);  // < sqrt(2) x
+  EXPECT_EQ(load_class(1415, 1000), 2);
+  EXPECT_EQ(load_class(2828, 1000), 2);
+  EXPECT_EQ(load_class(2829, 1000), 4);
+  EXPECT_EQ(load_class(4300, 1000), 4);  // the Zipf 1.2 hot rank of the H200 sweeps
+  EXPECT_EQ(load_class(5657, 1000), 8);
+  EXPECT_EQ(load_class(1e9, 1000), 8);
+  EXPECT_EQ(load_class(10, 0), 1);  // no expectation: uniform
+  for (int c : {1, 2, 4, 8}) EXPECT_EQ(1 << load_class_index(c), c);
+}
+
+TEST(AdaptiveSplit, TakesTheTablesEntryForTheBatchsLoadClass) {
+  const Layer1Case s;
+  const double expected = s.par.world() * double(s.tokens) * s.shape.topk / s.par.ep;  // 32768 rows
+  // The tuner measured 5 comm blocks for class 4 (5 is no candidate of the model: only the table).
+  const int by_load[kLoadClasses] = {0, 0, 5, 0};
+  const kernels::AdaptiveSplit a = kernels::make_adaptive_split(s.shape, s.par, s.layer, s.tokens, s.model, s.sms,
+                                                                s.tile_n, 32, nullptr, by_load);
+  EXPECT_DOUBLE_EQ(a.expected_rows, expected);
+  CountsPlan skewed = counts(8, 139351, 28669 * 8.0 / 7.0, 28669 / 7.0);  // 4.25x: class 4
+  EXPECT_EQ(kernels::adaptive_n_comm(a, skewed.view(), 32, 132), 5);
+  EXPECT_EQ(kernels::adaptive_n_comm(a, skewed.view(), 32, 4), 3);  // still leaves a compute block
+  // Class 2 has no entry: the rule of the counts decides, as without a table.
+  CountsPlan twice = counts(8, 2.0 * expected, 28669 * 8.0 / 7.0, 28669 / 7.0);
+  const kernels::AdaptiveSplit no_table = s.split(32);
+  EXPECT_EQ(kernels::adaptive_n_comm(a, twice.view(), 32, 132), kernels::adaptive_n_comm(no_table, twice.view(), 32, 132));
+  // A uniform batch is class 1: the host's pick, whatever the skewed entries say.
+  const double reach = 1.0 - std::pow(1.0 - 1.0 / s.par.ep, s.shape.topk);
+  CountsPlan uniform = counts(8, expected, 8.0 * s.tokens * reach, s.tokens * reach);
+  EXPECT_EQ(kernels::adaptive_n_comm(a, uniform.view(), 32, 132), 32);
+}

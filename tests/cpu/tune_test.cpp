@@ -42,6 +42,10 @@ TEST(TuneKey, CanonicalAndBucketed) {
   EXPECT_EQ(key_for(0, 3000).str(), "NVIDIA H200|132|l0|4096x14336|E8|k2|W8|ep8|tp1|host|T4096|bf16");
   EXPECT_EQ(key_for(1, 4096).str(), key_for(1, 3000).str());
   EXPECT_NE(key_for(0, 4096).str(), key_for(1, 4096).str());
+  // Load class 1 keeps the key tables were written with; a skewed class is its own entry.
+  TuneKey skewed = key_for(0, 3000);
+  skewed.load = 4;
+  EXPECT_EQ(skewed.str(), key_for(0, 3000).str() + "|load4");
 }
 
 TEST(TuneTable, SavesAndLoadsEntriesAndModels) {

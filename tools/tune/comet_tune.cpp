@@ -4,14 +4,17 @@
 //       measures on this GPU: runs comet-bench's comet sweep (fused at every n_comm, 0 being the
 //       sequential mode; comm-only at every n_comm; gemm-only) for the config, then records the best
 //       variant per (layer, tokens bucket) and calibrates the cost model (GEMM rate per SM, per-block
-//       comm rates, link ceiling)
+//       comm rates, link ceiling); --routings uniform,zipf1.2 also measures skewed batches, whose
+//       best variants become entries of their load class (TuneKey::load; the fused kernels look them
+//       up from the plan when MoeOptions::adaptive_split is on)
 //   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...]
 //       the same from benchmark results already measured (any machine); --tile-runs files only feed
 //       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
-//       are reported as unmeasured); --measured-work gives the cost model the rows each record counted
+//       are reported as unmeasured; a skewed case takes its load class's entry when the table has one,
+//       as the adaptive split does); --measured-work gives the cost model the rows each record counted
 //       instead of the uniform expectation (what a pick made on the device, from the plan, would see)
 //   comet-tune --lookup-overhead
 //       how long a pick takes (table hit, cost model), on the host
@@ -46,9 +49,11 @@ struct Args {
   std::vector<std::string> evaluate;
   std::vector<std::string> tile_runs;  // --from-results files used only for the tile shapes' GEMM rates
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
+  std::string routings = "uniform";  // measuring: skewed routings (zipf1.2) fill the load-class entries
   int sms = 0;  // 0: from the records' GPU (132 for an H200)
   bool lookup_overhead = false;
   bool measured_work = false;  // --evaluate: the cost model sees each record's measured rows
+  bool dump_work = false;      // --evaluate: also print each case's measured work and sweep as JSON
 };
 
 double median(std::vector<double> v) {
@@ -77,6 +82,10 @@ TuneKey key_of(const json& r, int sms) {
   k.tp = r.value("tp", 1);
   k.link = parse_link(r.value("link", "host"));
   k.tokens_bucket = tokens_bucket(r.value("tokens_per_rank", 0));
+  // The load class of the rows rank 0 counted (records without them: uniform).
+  const int tokens = r.value("tokens_per_rank", 0);
+  if (r.contains("rows") && r["rows"].is_number() && tokens > 0)
+    k.load = load_class(r["rows"].get<double>(), expected_rows(m.shape, Parallel{k.ep, k.tp}, tokens));
   return k;
 }
 
@@ -138,10 +147,21 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
   for (const json& r : records) {
-    if (r.value("system", "") != "comet" || r.value("routing", "") != "uniform") continue;
+    if (r.value("system", "") != "comet") continue;
     const std::string layer = r.value("layer", "");
     if (layer != "l0" && layer != "l1") continue;
     const std::string gpu = r.value("gpu", "?"), lk = r.value("link", "host");
+    if (r.value("routing", "") != "uniform") {
+      // A skewed sweep gives the entries of its load class (> 1: what the device looks up); class 1
+      // and the calibration (which assumes uniform routing) stay with the uniform sweeps.
+      if (r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
+      const TuneKey k = key_of(r, sms_of(gpu, a.sms));
+      if (k.load == 1) continue;
+      Best& b = best[k.str()];
+      const double ms = r.value("median_ms", 1e30);
+      if (ms < b.ms) b = Best{k, LayerVariant{r.value("tile_n", 256), r.value("n_comm", 1), 0, 1}, ms};
+      continue;
+    }
     const std::string mode = r.value("mode", "");
     const int sms = sms_of(gpu, a.sms);
     const std::string model_key = gpu + '|' + lk;
@@ -163,7 +183,8 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
       comm_runs[model_key].push_back(r);
     }
     if (mode != "fused" || r.value("tuned", false)) continue;
-    const TuneKey k = key_of(r, sms);
+    TuneKey k = key_of(r, sms);
+    k.load = 1;  // uniform routing is class 1 by definition
     Best& b = best[k.str()];
     const double ms = r.value("median_ms", 1e30);
     if (ms < b.ms) b = Best{k, LayerVariant{tile_n, r.value("n_comm", 1), 0, 1}, ms};
@@ -224,8 +245,13 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
   int n = 0, within3 = 0, within10 = 0, unmeasured = 0;
   std::printf("%-42s %-10s %-14s %-14s %s\n", "case", "picked_by", "pick", "best", "ratio");
   for (const auto& [id, c] : cases) {
-    const TuneKey key = key_of(c.first, sms_of(c.first.value("gpu", ""), a.sms));
-    const TunedVariant t = pick_variant(table, key, work_of(c.first, a.measured_work), LayerVariant{256, -1, 0, 1});
+    // What a launch with the adaptive split runs: the table's entry for the batch's load class if it
+    // has one; else the host's pick for class 1 (table, else cost model).
+    TuneKey key = key_of(c.first, sms_of(c.first.value("gpu", ""), a.sms));
+    const TuneEntry* by_load = key.load > 1 ? table.find(key) : nullptr;
+    key.load = 1;
+    const TunedVariant t = by_load ? TunedVariant{by_load->variant, "table_load"}
+                                   : pick_variant(table, key, work_of(c.first, a.measured_work), LayerVariant{256, -1, 0, 1});
     const auto best = std::min_element(c.sweep.begin(), c.sweep.end(),
                                        [](const auto& x, const auto& y) { return x.second < y.second; });
     const auto it = c.sweep.find(t.variant.n_comm);
@@ -235,6 +261,14 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
       continue;
     }
     const double ratio = it->second / best->second;
+    if (a.dump_work) {  // the case's work and sweep, one JSON line, for offline model fits
+      const LayerWork w = work_of(c.first, true);
+      json d{{"case", id}, {"layer", w.layer}, {"flops", w.flops}, {"link_bytes", w.link_bytes},
+             {"comm_units", w.comm_units}, {"rows_per_unit", w.rows_per_unit}, {"hidden", w.hidden},
+             {"topk", w.topk}, {"gemm_n", w.gemm_n}, {"sweep", json::object()}};
+      for (const auto& [nc, ms] : c.sweep) d["sweep"][std::to_string(nc)] = ms;
+      std::printf("WORK %s\n", d.dump().c_str());
+    }
     ++n;
     within3 += ratio <= 1.03;
     within10 += ratio <= 1.10;
@@ -262,7 +296,7 @@ std::string measure(const Args& a, const char* argv0) {
   const std::string bench = (self.parent_path().parent_path() / "bench" / "comet-bench").string();
   const std::string out = (std::filesystem::temp_directory_path() / ("comet-tune-" + std::to_string(getpid()) + ".json")).string();
   std::vector<std::string> cmd{bench,       "--models", a.model,          "--layouts",  a.layout,  "--links", a.link,
-                               "--routings", "uniform", "--tokens",       a.tokens,     "--n-comm", a.n_comm,
+                               "--routings", a.routings, "--tokens",       a.tokens,     "--n-comm", a.n_comm,
                                "--systems",  "comet",   "--layers",       "l0,l1",      "--comm-all", "--out", out};
   std::fprintf(stderr, "comet-tune: measuring with %s (its progress follows)\n", bench.c_str());
   std::vector<char*> argv;
@@ -326,6 +360,7 @@ int main(int argc, char** argv) {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.evaluate.push_back(argv[++i]);
     }
     else if (s == "--measured-work") a.measured_work = true;
+    else if (s == "--dump-work") a.dump_work = true;
     else if (s == "--from-results") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.results.push_back(argv[++i]);
     } else if (s == "--tile-runs") {
@@ -335,10 +370,12 @@ int main(int argc, char** argv) {
     else if (s == "--link") a.link = value();
     else if (s == "--tokens") a.tokens = value();
     else if (s == "--n-comm") a.n_comm = value();
+    else if (s == "--routings") a.routings = value();
     else if (s == "--sms") a.sms = std::atoi(value().c_str());
     else if (s == "--lookup-overhead") a.lookup_overhead = true;
     else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
+                           " [--routings uniform,zipf1.2]"
                            " | --from-results JSON... [--tile-runs JSON...]) [--table PATH] | --evaluate JSON... [--measured-work]"
                            " | --lookup-overhead\n");
       return s == "-h" || s == "--help" ? 0 : 2;

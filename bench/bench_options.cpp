@@ -26,8 +26,9 @@ sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (LocalTeam)
   --systems LIST           cublas,comet,sequential,chunked                (default: all)
   --chunks LIST            chunked baseline's C values                    (default: 2,4,8)
   --chunk-comm-blocks N    blocks of each chunked pull / ship             (default: 16)
-  --adaptive               comet's tuned runs re-pick n_comm on the device from the plan (adaptive split);
-                           their records give the n_comm the kernel chose
+  --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
+                           default they re-pick n_comm on the device from the plan and their records
+                           give the n_comm the kernel chose; --adaptive: that default, said explicitly)
   --tile-n N               comet's tile 128xN, N in {128, 256}, or 192 with --layers l0 (default: 256)
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
   --warmup N               untimed runs before them (1 for huge cases)    (default: 2)
@@ -159,6 +160,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.commit = value();
     } else if (a == "--adaptive") {
       o.adaptive = true;
+    } else if (a == "--no-adaptive") {
+      o.adaptive = false;
     } else if (a == "--estimate") {
       o.estimate_only = true;
     } else {

@@ -17,7 +17,7 @@ struct BenchOptions {
   std::vector<std::string> systems{"cublas", "comet", "sequential", "chunked"};
   std::vector<int> chunks{2, 4, 8};
   int chunk_comm_blocks = 16;
-  bool adaptive = false;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
+  bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
   int reps = 10;
   int warmup = 2;

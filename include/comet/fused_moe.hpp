@@ -43,9 +43,10 @@ struct MoeOptions {
   LayerVariant layer0{0, -1, 0, 1};
   LayerVariant layer1{0, -1, 0, 1};
   // Fused launches whose n_comm the tuner picked re-pick it on the device from the plan's row and unit
-  // counts (a skewed batch moves the best split; kernels/adaptive_split.hpp has the rule). No host
-  // synchronisation; the grid is unchanged.
-  bool adaptive_split = false;
+  // counts: a skewed batch takes the table's entry for its load class, else the cost model's pick for
+  // its counts (kernels/adaptive_split.hpp has the rule). No host synchronisation; the grid is
+  // unchanged; a uniform batch keeps the host's pick. Off: the host's pick for uniform routing always.
+  bool adaptive_split = true;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;

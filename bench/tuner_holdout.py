@@ -44,6 +44,8 @@ def main():
     ap.add_argument("--fit", required=True, help="comma-separated models to calibrate on")
     ap.add_argument("--calibrate-only", nargs="*", default=[], help="results used for calibration only")
     ap.add_argument("--tune", default="build/tools/comet-tune")
+    ap.add_argument("--measured-work", action="store_true",
+                    help="the model sees each record's measured rows (what the adaptive split does on the device)")
     args = ap.parse_args()
     fit_models = set(args.fit.split(","))
     records = [r for p in args.results for r in json.load(open(p))]
@@ -64,7 +66,8 @@ def main():
         for m in t["models"].items():
             print(f"# calibrated {m[0]}: {json.dumps(m[1])}")
         for title, path in (("held out", held), ("in sample", scored_fit)):
-            out = subprocess.run([args.tune, "--evaluate", path, "--table", table], check=True,
+            cmd = [args.tune, "--evaluate", path, "--table", table] + (["--measured-work"] if args.measured_work else [])
+            out = subprocess.run(cmd, check=True,
                                  capture_output=True, text=True).stdout.splitlines()
             print(f"\n## cost model picks, {title}")
             for line in breakdown(out):

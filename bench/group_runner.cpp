@@ -331,25 +331,31 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   // ---- the whole forward of rank 0: prepare, layer 0, layer 1, final reduce.
   if (FWD) {
     if (want_comet) {
+      // The forward with each layer's best n_comm of its sweep: only when both sweeps ran (a fwd-only
+      // run has no such pair; its comet record is the tuned one below).
       const int n0 = best_n[0], n1 = best_n[1];
-      const Timing t = time(nullptr, [&] {
-        moe.prepare(0);
-        moe.layer0(0, LayerMode::fused, variant(tn, n0));
-        moe.layer1(0, LayerMode::fused, variant(tn, n1));
-        moe.finish(0, b0);
-      });
-      Record r = base(in, "fwd", "comet");
-      r.mode = "fused";
-      r.n_comm = n0;
-      r.n_comm_l1 = n1;
-      r.best = true;
-      stamp(r, t, flops0 + flops1, true);
-      note(" | fwd comet %.3f", t.median_ms);
+      const bool swept = L0 && L1;
+      Timing t;
+      if (swept) {
+        t = time(nullptr, [&] {
+          moe.prepare(0);
+          moe.layer0(0, LayerMode::fused, variant(tn, n0));
+          moe.layer1(0, LayerMode::fused, variant(tn, n1));
+          moe.finish(0, b0);
+        });
+        Record r = base(in, "fwd", "comet");
+        r.mode = "fused";
+        r.n_comm = n0;
+        r.n_comm_l1 = n1;
+        r.best = true;
+        stamp(r, t, flops0 + flops1, true);
+        note(" | fwd comet %.3f", t.median_ms);
+      }
       // What a user gets without choosing: the tuner's picks for both layers.
       const TunedVariant t0 = moe.resolve(0, 0, variant(tn, -1)), t1 = moe.resolve(1, 0, variant(tn, -1));
       const LayerVariant v0 = o_.adaptive ? variant(tn, -1) : t0.variant;
       const LayerVariant v1 = o_.adaptive ? variant(tn, -1) : t1.variant;
-      const bool same = !o_.adaptive && t0.variant.n_comm == n0 && t1.variant.n_comm == n1;
+      const bool same = swept && !o_.adaptive && t0.variant.n_comm == n0 && t1.variant.n_comm == n1;
       const Timing tt = same ? t : time(nullptr, [&] {
         moe.prepare(0);
         moe.layer0(0, LayerMode::fused, v0);
@@ -363,7 +369,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       tr.tuned = true;
       tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by + (o_.adaptive ? "+adaptive" : "");
       stamp(tr, tt, flops0 + flops1, true);
-      note(" tuned %.3f", tt.median_ms);
+      note(swept ? " tuned %.3f" : " | fwd comet tuned %.3f", tt.median_ms);
     }
     if (want_seq) {
       const Timing t = time(nullptr, [&] {

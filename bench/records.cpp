@@ -159,9 +159,10 @@ std::string to_markdown(const std::vector<Record>& records, const RunInfo& info)
         for (const Record* r : rs)
           if (r->layer == std::string(layer) && r->system == "comet" && r->mode == "comm_only" && r->n_comm == fused->n_comm)
             comm = r;
-      if (!cublas && !gemm && !fused && !seq && !chunked) continue;
+      if (!cublas && !gemm && !fused && !tuned && !seq && !chunked) continue;
       const CaseKey& c = rs.front()->key;
-      const double comet_ms = fused ? fused->median_ms : 0;
+      // Speedups of the sweep's best variant, or of the tuned pick where no sweep ran (fwd-only runs).
+      const double comet_ms = fused ? fused->median_ms : tuned ? tuned->median_ms : 0;
       os << "| " << c.model << " | " << c.layout << " | " << c.link << " | " << c.routing << " | " << c.tokens_per_rank
          << " | " << layer << " | " << (cublas ? ms(cublas->median_ms) + " (" + cublas->cublas_path + ")" : "-")
          << " | " << (gemm ? ms(gemm->median_ms) : "-") << " | " << (comm ? ms(comm->median_ms) : "-") << " | "

@@ -1,12 +1,13 @@
 // comet-tune: fills the tuner's table (TuneTable::default_path(), or --table) for model configs.
 //
 //   comet-tune --model mixtral --layout ep8 --link host --tokens 1024,4096 [--n-comm 0,1,2,4,8,16,24,32]
+//              [--routings uniform,zipf1.2]
 //       measures on this GPU: runs comet-bench's comet sweep (fused at every n_comm, 0 being the
 //       sequential mode; comm-only at every n_comm; gemm-only) for the config, then records the best
 //       variant per (layer, tokens bucket) and calibrates the cost model (GEMM rate per SM, per-block
-//       comm rates, link ceiling); --routings uniform,zipf1.2 also measures skewed batches, whose
-//       best variants become entries of their load class (TuneKey::load; the fused kernels look them
-//       up from the plan when MoeOptions::adaptive_split is on)
+//       comm rates, link ceiling); skewed batches (--routings, default uniform,zipf1.2) give the
+//       entries of their load class (TuneKey::load), which the fused kernels look up from the plan
+//       (MoeOptions::adaptive_split, on by default)
 //   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...]
 //       the same from benchmark results already measured (any machine); --tile-runs files only feed
 //       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs
@@ -49,7 +50,9 @@ struct Args {
   std::vector<std::string> evaluate;
   std::vector<std::string> tile_runs;  // --from-results files used only for the tile shapes' GEMM rates
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
-  std::string routings = "uniform";  // measuring: skewed routings (zipf1.2) fill the load-class entries
+  // Measuring: the uniform sweep fills the keys (load class 1) and calibrates the cost model; the Zipf
+  // sweep fills the entries of the hot rank's load class (none under TP, whose ranks all get every row).
+  std::string routings = "uniform,zipf1.2";
   int sms = 0;  // 0: from the records' GPU (132 for an H200)
   bool lookup_overhead = false;
   bool measured_work = false;  // --evaluate: the cost model sees each record's measured rows

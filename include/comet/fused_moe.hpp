@@ -119,7 +119,8 @@ class FusedMoe {
   // else the variant's n_comm. Synchronises the rank's stream.
   int last_n_comm(int rank, int layer) const;
   // The table's n_comm for a layer's launch in each load class (TuneKey::load 1, 2, 4, 8) measured with
-  // tile_n; 0 where it has none, and for class 1 (the host's own pick). The adaptive split's input.
+  // tile_n; 0 where it has none, and for class 1 (the host's own pick). The adaptive split's input
+  // (built once per launch shape; the rank keeps it).
   std::array<int, kLoadClasses> load_picks(int layer, int tokens_per_rank, int tile_n) const;
 
  private:
@@ -142,7 +143,6 @@ class FusedMoe {
   mutable int max_blocks_[2][3] = {};  // [layer][tile_n 128, 192, 256]: resident grid, queried once
   // Tuner picks by (layer, tokens bucket, tile_n): a launch re-resolves in a hash lookup.
   mutable std::unordered_map<uint64_t, TunedVariant> picks_;
-  mutable std::unordered_map<uint64_t, std::array<int, kLoadClasses>> load_picks_;  // same memo key
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
 };
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <unordered_map>
 
 #include "comet/cuda_check.hpp"
 #include "kernels/fused_layers.hpp"
@@ -60,16 +61,25 @@ int auto_m_group(int m_group, int compute_blocks, int blocks_per_m_tile, size_t 
   return std::clamp(std::max(wave, larger), 1, 16);
 }
 
+// A rank's adaptive splits by (layer, tile_n, host n_comm, tokens): everything a split holds follows
+// from those and the FusedMoe, so a launch builds it once and then finds it in a hash lookup.
+using AdaptiveSplits = std::unordered_map<uint64_t, kernels::AdaptiveSplit>;
+
 // What a fused launch needs to re-pick n_comm on the device (kernels/adaptive_split.hpp): only in fused
 // mode, when the caller let the tuner pick n_comm and the pick has comm blocks (sequential mode stays).
 kernels::AdaptiveSplit adaptive_split_for(const FusedMoe& moe, int layer, LayerMode mode, int tokens,
-                                          const LayerVariant& requested, const LayerVariant& v, int32_t* chosen) {
+                                          const LayerVariant& requested, const LayerVariant& v, int32_t* chosen,
+                                          AdaptiveSplits& memo) {
   if (!moe.options().adaptive_split || mode != LayerMode::fused || requested.n_comm >= 0 || v.n_comm <= 0) return {};
-  const TuneKey key = moe.tune_key(layer, std::max(1, tokens));
-  const std::array<int, kLoadClasses> by_load = moe.load_picks(layer, std::max(1, tokens), v.tile_n);
-  return kernels::make_adaptive_split(moe.shape(), moe.parallel(), layer, std::max(1, tokens),
-                                      moe.tune_table().model(key.gpu, key.link), key.sms, v.tile_n, v.n_comm, chosen,
-                                      by_load.data());
+  tokens = std::max(1, tokens);
+  const uint64_t id = (uint64_t(layer) << 56) | (uint64_t(v.tile_n) << 44) | (uint64_t(v.n_comm) << 32) | uint64_t(tokens);
+  if (const auto it = memo.find(id); it != memo.end()) return it->second;
+  const TuneKey key = moe.tune_key(layer, tokens);
+  const std::array<int, kLoadClasses> by_load = moe.load_picks(layer, tokens, v.tile_n);
+  return memo.emplace(id, kernels::make_adaptive_split(moe.shape(), moe.parallel(), layer, tokens,
+                                                       moe.tune_table().model(key.gpu, key.link), key.sms, v.tile_n,
+                                                       v.n_comm, chosen, by_load.data()))
+      .first->second;
 }
 
 bool checking_from_env() {
@@ -94,6 +104,7 @@ struct FusedMoe::RankState {
   int32_t* chosen_n_comm = nullptr;  // [2] the adaptive split's pick of the last fused launch per layer
   int last_n_comm[2] = {0, 0};      // the host's n_comm of the last launch per layer
   bool last_adapted[2] = {false, false};
+  AdaptiveSplits adaptive_splits;  // built once per (layer, tile_n, host n_comm, tokens)
   const void* w0 = nullptr;
   const void* w1 = nullptr;
   const void* x = nullptr;  // the staged batch's tokens (device)
@@ -270,9 +281,6 @@ TunedVariant FusedMoe::resolve(int layer, int rank, const LayerVariant& v) const
 }
 
 std::array<int, kLoadClasses> FusedMoe::load_picks(int layer, int tokens_per_rank, int tile_n) const {
-  const uint64_t memo = (uint64_t(layer) << 56) | (uint64_t(tile_n) << 40) | uint64_t(tokens_bucket(tokens_per_rank));
-  auto it = load_picks_.find(memo);
-  if (it != load_picks_.end()) return it->second;
   std::array<int, kLoadClasses> by_load{};
   TuneKey key = tune_key(layer, tokens_per_rank);
   for (int c = 1; c < kLoadClasses; ++c) {
@@ -283,7 +291,7 @@ std::array<int, kLoadClasses> FusedMoe::load_picks(int layer, int tokens_per_ran
     if (e && e->variant.tile_n == tile_n && e->variant.n_comm > 0)
       by_load[c] = std::min(e->variant.n_comm, max_blocks(layer, tile_n) - 1);
   }
-  return load_picks_.emplace(memo, by_load).first->second;
+  return by_load;
 }
 
 LayerVariant FusedMoe::launch_variant(int layer, int rank, LayerMode mode, const LayerVariant& requested,
@@ -325,13 +333,12 @@ void FusedMoe::layer0(int rank, LayerMode mode, const LayerVariant& requested, U
                                      options_.dispatch_store_lag};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
-  l.adapt = adaptive_split_for(*this, 0, mode, s.tokens, requested, v, s.chosen_n_comm);
+  l.adapt = adaptive_split_for(*this, 0, mode, s.tokens, requested, v, s.chosen_n_comm, s.adaptive_splits);
   s.last_n_comm[0] = v.n_comm;
   s.last_adapted[0] = l.adapt.enabled;
-  const double expected_rows = double(par_.world()) * s.tokens * shape_.topk / par_.ep;  // uniform routing
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, (l.n0 + v.tile_n - 1) / v.tile_n,
                            size_t(kTileM) * shape_.hidden * 2, l2_bytes_, mode == LayerMode::fused && v.n_comm > 0,
-                           int(expected_rows / kTileM));
+                           int(expected_rows(shape_, par_, s.tokens) / kTileM));
   l.mode = mode;
   l.team = team_.device_view(rank);
   if (mode == LayerMode::fused && v.n_comm == 0) {
@@ -378,7 +385,7 @@ void FusedMoe::layer1(int rank, LayerMode mode, const LayerVariant& requested, U
                                    units.end};
   l.epoch = s.epoch;
   l.n_comm = v.n_comm;
-  l.adapt = adaptive_split_for(*this, 1, mode, s.tokens, requested, v, s.chosen_n_comm + 1);
+  l.adapt = adaptive_split_for(*this, 1, mode, s.tokens, requested, v, s.chosen_n_comm + 1, s.adaptive_splits);
   s.last_n_comm[1] = v.n_comm;
   s.last_adapted[1] = l.adapt.enabled;
   l.m_group = auto_m_group(v.m_group, limit - v.n_comm, std::min(v.n_group, (H + v.tile_n - 1) / v.tile_n),

@@ -150,6 +150,11 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   std::map<std::string, std::vector<json>> comm_runs;
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
+  // A fused record's time at its (tile, n_comm) under key k; a later record replaces an earlier one.
+  auto add_point = [&](const TuneKey& k, const json& r) {
+    const int tn = r.value("tile_n", 256), nc = r.value("n_comm", 1);
+    points[k.str()][{tn, nc}] = Best{k, LayerVariant{tn, nc, 0, 1}, r.value("median_ms", 1e30)};
+  };
   for (const json& r : records) {
     if (r.value("system", "") != "comet") continue;
     const std::string layer = r.value("layer", "");
@@ -160,25 +165,17 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
       // and the calibration (which assumes uniform routing) stay with the uniform sweeps.
       if (r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
       const TuneKey k = key_of(r, sms_of(gpu, a.sms));
-      if (k.load == 1) continue;
-      const int tn = r.value("tile_n", 256), nc = r.value("n_comm", 1);
-      points[k.str()][{tn, nc}] = Best{k, LayerVariant{tn, nc, 0, 1}, r.value("median_ms", 1e30)};
+      if (k.load > 1) add_point(k, r);
       continue;
     }
     const std::string mode = r.value("mode", "");
     const int sms = sms_of(gpu, a.sms);
     const std::string model_key = gpu + '|' + lk;
     const int tile_n = r.value("tile_n", 256);
-    if (r.value("tile_run_only", false)) {  // --tile-runs: the tile-shape fit only
+    if (mode == "gemm_only" && layer == "l0")  // --tile-runs records are all of this kind
       gemm_by_tile[model_key][r.value("model", "") + '|' + r.value("layout", "") + '|' +
                               std::to_string(r.value("tokens_per_rank", 0))][tile_n] = r;
-      continue;
-    }
-    if (mode == "gemm_only" && layer == "l0") {
-      const std::string id = r.value("model", "") + '|' + r.value("layout", "") + '|' +
-                             std::to_string(r.value("tokens_per_rank", 0));
-      gemm_by_tile[model_key][id][tile_n] = r;
-    }
+    if (r.value("tile_run_only", false)) continue;  // --tile-runs: the tile-shape fit only
     if (mode == "gemm_only" && tile_n == 256 && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
     if (mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
@@ -188,8 +185,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     if (mode != "fused" || r.value("tuned", false)) continue;
     TuneKey k = key_of(r, sms);
     k.load = 1;  // uniform routing is class 1 by definition
-    const int nc = r.value("n_comm", 1);
-    points[k.str()][{tile_n, nc}] = Best{k, LayerVariant{tile_n, nc, 0, 1}, r.value("median_ms", 1e30)};
+    add_point(k, r);
   }
   // Each key's fastest measured point; a point (tile, n_comm) measured again in a later record (a
   // later file on the command line: a newer sweep) replaces the earlier measurement.
@@ -383,7 +379,8 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
-                           " | --from-results JSON... [--tile-runs JSON...]) [--table PATH] | --evaluate JSON... [--measured-work]"
+                           " | --from-results JSON... [--tile-runs JSON...]) [--table PATH]"
+                           " | --evaluate JSON... [--measured-work] [--dump-work]"
                            " | --lookup-overhead\n");
       return s == "-h" || s == "--help" ? 0 : 2;
     }

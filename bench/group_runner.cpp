@@ -12,7 +12,13 @@
 namespace comet::bench {
 namespace {
 
-LayerVariant variant(int tile_n, int n_comm) { return LayerVariant{tile_n, n_comm, 0, 1}; }  // m_group: auto
+// A forced launch (m_group: the planner's rule), and one whose n_comm the tuner picks for a given tile.
+LayerRequest variant(int tile_n, int n_comm) { return LayerRequest::forced(tile_n, n_comm); }
+LayerRequest tuned(int tile_n) {
+  LayerRequest r;
+  r.tile_n = tile_n;
+  return r;
+}
 
 double tflops(double flops, double ms) { return flops / (ms * 1e-3) / 1e12; }
 double gb_s(double bytes, double ms) { return bytes / (ms * 1e-3) / 1e9; }
@@ -100,7 +106,7 @@ void GroupRunner::stage_case(const CaseInput& in) {
   COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
   for (int r = 0; r < W; ++r) {
     const Rank& d = ranks_[r];
-    moe_->stage(r, RankBatch{in.tokens, d.x.get(), d.ids.as<int32_t>(), d.gates.as<float>(), d.out.get()});
+    moe_->engine().stage(r, RankBatch{in.tokens, d.x.get(), d.ids.as<int32_t>(), d.gates.as<float>(), d.out.get()});
   }
   team_->barrier();  // every rank's tokens and routing are in its exported buffers
 }
@@ -118,7 +124,7 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
 void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   warmup_ = in.warmup;
   stage_case(in);
-  FusedMoe& moe = *moe_;
+  MoeEngine& moe = moe_->engine();
   SequentialMoe& seq = *seq_;
   ChunkedMoe& chunked = *chunked_;
   const MoeShape& s = model_.shape;
@@ -129,7 +135,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
 
   // Rank 0's plan, a complete A (every remote row pulled) and valid hidden rows for GEMM-only timings.
   seq.prepare(0);
-  if (W > 1) moe.layer0(0, LayerMode::comm_only, variant(tn, moe.max_blocks(0, tn) - 1));
+  if (W > 1) moe.layer0(0, LayerMode::comm_only, variant(tn, moe.resident_blocks(0, tn) - 1));
   seq.gemm0(0);
   seq.activation(0);
   moe.sync_and_check();
@@ -190,13 +196,13 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   seq.options().gemm1 = chunked.options().gemm1 = best_path[1];
 
   // ---- comet: gemm_only, the fused n_comm sweep, comm_only at the best n_comm (or every one).
-  int best_n[2] = {moe.options().layer0.n_comm, moe.options().layer1.n_comm};
+  int best_n[2] = {moe.options().layer0.n_comm.value_or(0), moe.options().layer1.n_comm.value_or(0)};
   if (want_comet) {
     for (int layer = 0; layer < 2; ++layer) {
       if (!(layer == 0 ? L0 : L1)) continue;
       const char* name = layer == 0 ? "l0" : "l1";
       const double flops = layer == 0 ? flops0 : flops1;
-      const int limit = moe.max_blocks(layer, tn);
+      const int limit = moe.resident_blocks(layer, tn);
       // Layer 0 re-runs prepare (a new epoch, and the pull refills A); layer 1 needs only a new epoch.
       auto pre = [&] { layer == 0 ? moe.prepare(0) : moe.advance_epoch(0); };
       auto run = [&](LayerMode mode, int n) {
@@ -243,17 +249,20 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       // The tuner's pick for this layer (table, else cost model): a record of its own, "tuned": true.
       // With --adaptive the launch gets n_comm -1, so the kernel may re-pick it from the plan; the record
       // holds the n_comm it ran with.
-      const TunedVariant tuned = moe.resolve(layer, 0, variant(tn, -1));
-      const int tn_comm = tuned.variant.n_comm;
+      const LaunchDecision pick = moe.decision(layer, 0, LayerMode::fused, tuned(tn));
+      const int tn_comm = pick.n_comm;
       if (tn_comm >= 0 && tn_comm < limit) {
-        const Timing t = o_.adaptive              ? time(pre, run(LayerMode::fused, -1))
+        auto run_tuned = [&moe, layer, tn] {
+          layer == 0 ? moe.layer0(0, LayerMode::fused, tuned(tn)) : moe.layer1(0, LayerMode::fused, tuned(tn));
+        };
+        const Timing t = o_.adaptive              ? time(pre, run_tuned)
                          : fused.count(tn_comm) ? fused[tn_comm]
                                                 : time(pre, run(LayerMode::fused, tn_comm));
         Record f = base(in, name, "comet");
         f.mode = "fused";
         f.n_comm = o_.adaptive ? moe.last_n_comm(0, layer) : tn_comm;
         f.tuned = true;
-        f.picked_by = std::string(tuned.picked_by) + (o_.adaptive ? "+adaptive" : "");
+        f.picked_by = std::string(pick.picked_by) + (o_.adaptive ? "+adaptive" : "");
         stamp(f, t, flops, true);
       }
       line += std::string(" | comet ") + name;
@@ -352,10 +361,17 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         note(" | fwd comet %.3f", t.median_ms);
       }
       // What a user gets without choosing: the tuner's picks for both layers.
-      const TunedVariant t0 = moe.resolve(0, 0, variant(tn, -1)), t1 = moe.resolve(1, 0, variant(tn, -1));
-      const LayerVariant v0 = o_.adaptive ? variant(tn, -1) : t0.variant;
-      const LayerVariant v1 = o_.adaptive ? variant(tn, -1) : t1.variant;
-      const bool same = swept && !o_.adaptive && t0.variant.n_comm == n0 && t1.variant.n_comm == n1;
+      const LaunchDecision t0 = moe.decision(0, 0, LayerMode::fused, tuned(tn));
+      const LaunchDecision t1 = moe.decision(1, 0, LayerMode::fused, tuned(tn));
+      auto as_forced = [](const LaunchDecision& d) {
+        LayerRequest r = LayerRequest::forced(d.tile_n, d.n_comm);
+        r.m_group = d.m_group;
+        r.n_group = d.n_group;
+        return r;
+      };
+      const LayerRequest v0 = o_.adaptive ? tuned(tn) : as_forced(t0);
+      const LayerRequest v1 = o_.adaptive ? tuned(tn) : as_forced(t1);
+      const bool same = swept && !o_.adaptive && t0.n_comm == n0 && t1.n_comm == n1;
       const Timing tt = same ? t : time(nullptr, [&] {
         moe.prepare(0);
         moe.layer0(0, LayerMode::fused, v0);
@@ -364,8 +380,8 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       });
       Record tr = base(in, "fwd", "comet");
       tr.mode = "fused";
-      tr.n_comm = o_.adaptive ? moe.last_n_comm(0, 0) : t0.variant.n_comm;
-      tr.n_comm_l1 = o_.adaptive ? moe.last_n_comm(0, 1) : t1.variant.n_comm;
+      tr.n_comm = o_.adaptive ? moe.last_n_comm(0, 0) : t0.n_comm;
+      tr.n_comm_l1 = o_.adaptive ? moe.last_n_comm(0, 1) : t1.n_comm;
       tr.tuned = true;
       tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by + (o_.adaptive ? "+adaptive" : "");
       stamp(tr, tt, flops0 + flops1, true);

@@ -8,7 +8,7 @@
 
 #include "bench_options.hpp"
 #include "bench_routing.hpp"
-#include "comet/baselines.hpp"
+#include "baselines/baselines.hpp"
 #include "comet/fused_moe.hpp"
 #include "event_timer.hpp"
 #include "models.hpp"

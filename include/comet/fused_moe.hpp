@@ -6,28 +6,28 @@
 //            comm blocks weight, pre-reduce and ship finished slices to the tokens' owners)
 //   finish   each rank sums its tokens' partial rows in rank order (bitwise reproducible)
 //
-// One FusedMoe serves every rank this process drives (LocalTeam: all W; IpcTeam: one). Device memory
-// is sized once by MoeCapacity; a call never synchronises with the host, so forward() can be captured
-// in a CUDA graph. Routing is validated on the device: errors surface at sync_and_check() (at once
-// with MoeOptions::checking or COMET_CHECK=1).
+// One FusedMoe serves the ranks this process drives: one with IpcTeam (a process per rank), all W with
+// LocalTeam (virtual ranks). forward() is ordered on the caller's stream and never synchronises with
+// the host, so it can be captured in a CUDA graph. Device memory is sized once from MoeCapacity.
+// Routing is validated on the device: errors surface at sync_and_check() (at once with
+// MoeOptions::checking or COMET_CHECK=1).
 #pragma once
 
 #include <cuda_runtime.h>
 
-#include <array>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
-#include "comet/device_plan.hpp"
 #include "comet/shape.hpp"
 #include "comet/team.hpp"
-#include "comet/tune.hpp"
 #include "comet/variant.hpp"
 
 namespace comet {
+
+class MoeEngine;
 
 struct MoeCapacity {
   int max_tokens_per_rank = 0;  // T_cap: most tokens one rank may pass in a call
@@ -36,37 +36,42 @@ struct MoeCapacity {
   int max_rows_per_rank = 0;
 };
 
-// A layer variant with n_comm < 0 is chosen per call by the tuner (table, else cost model).
+// Where the rank-private buffers come from (the gathered rows, hidden, expert outputs, flags): by
+// default cudaMalloc; a framework passes its own (torch's caching allocator) so that it accounts for
+// them. Symmetric buffers (exported to peers) always come from the Team.
+struct DeviceAllocator {
+  std::function<void*(size_t bytes)> allocate;
+  std::function<void(void* ptr)> release;
+};
+
 struct MoeOptions {
-  // n_comm -1: the tuner picks it per call (table, else cost model); tile_n 0: it picks the compiled
-  // tile shape as well; set both to force a variant.
-  LayerVariant layer0{0, -1, 0, 1};
-  LayerVariant layer1{0, -1, 0, 1};
+  // What to force in each layer's launches; every field left empty is the tuner's choice.
+  LayerRequest layer0;
+  LayerRequest layer1;
   // Fused launches whose n_comm the tuner picked re-pick it on the device from the plan's row and unit
   // counts: a skewed batch takes the table's entry for its load class, else the cost model's pick for
-  // its counts (kernels/adaptive_split.hpp has the rule). No host synchronisation; the grid is
+  // its counts (src/tune/adaptive_split.hpp has the rule). No host synchronisation; the grid is
   // unchanged; a uniform batch keeps the host's pick. Off: the host's pick for uniform routing always.
   bool adaptive_split = true;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;
-  std::string tune_table;  // the tuner's table; empty: TuneTable::default_path()
+  // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
+  std::string tune_table;
+  DeviceAllocator allocator;  // empty: cudaMalloc / cudaFree
 };
 
-// One rank's inputs and output for a call (device pointers, bf16 activations).
+// Element type of the expert ids a caller passes (torch.topk gives int64).
+enum class IdType : int { i32 = 0, i64 = 1 };
+
+// One rank's inputs and output for a call (device pointers, bf16 activations, 16-byte aligned).
 struct RankBatch {
   int tokens = 0;
-  const void* x = nullptr;        // [tokens][H] bf16
-  const int32_t* ids = nullptr;   // [tokens][k] expert ids
-  const float* gates = nullptr;   // [tokens][k] gate weights
-  void* out = nullptr;            // [tokens][H] bf16
-};
-
-// A sub-range of the plan's units (baselines that pipeline the layer in chunks); {-1, -1}: all.
-struct UnitRange {
-  int begin = -1;
-  int end = -1;
-  bool all() const { return begin < 0 && end < 0; }
+  const void* x = nullptr;      // [tokens][H] bf16
+  const void* ids = nullptr;    // [tokens][k] expert ids, of ids_type
+  const float* gates = nullptr;  // [tokens][k] gate weights
+  void* out = nullptr;          // [tokens][H] bf16
+  IdType ids_type = IdType::i32;
 };
 
 class FusedMoe {
@@ -78,72 +83,36 @@ class FusedMoe {
   FusedMoe& operator=(const FusedMoe&) = delete;
 
   // Expert weights of a local rank, in the layout of weight_layout.hpp (device pointers, bf16):
-  // w0 [E_l][w0 rows of the shard][H], w1 [E_l][H][F/tp].
+  // w0 [E_l][w0 rows of the shard][H], w1 [E_l][H][F/tp]. Kept by pointer: they must outlive the calls.
   void set_weights(int rank, const void* w0, const void* w1);
 
-  // The whole layer for every local rank; batches[i] belongs to team.local_ranks()[i].
-  void forward(const std::vector<RankBatch>& batches);
-
-  // ---- the steps of forward(), per local rank (tests and benchmarks) --------------------------------
-  void stage(int rank, const RankBatch& batch);  // x and routing into the rank's exported buffers
-  void prepare(int rank);                        // device plan, new epoch, local rows into A
-  // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).
-  // A variant with n_comm < 0 is resolved by the tuner for the rank's staged token count.
-  void layer0(int rank, LayerMode mode, const LayerVariant& v, UnitRange units = {});
-  void layer1(int rank, LayerMode mode, const LayerVariant& v, UnitRange units = {});
-  // What the tuner picks for a layer of `rank`'s staged batch (n_comm >= 0 in v: v itself, "forced").
-  TunedVariant resolve(int layer, int rank, const LayerVariant& v) const;
-  TuneKey tune_key(int layer, int tokens_per_rank) const;
-  const TuneTable& tune_table() const { return table_; }
-  void finish(int rank, const RankBatch& batch);  // sum of partials -> batch.out (after a barrier)
-  void advance_epoch(int rank);                  // a new generation for flags (benchmarks re-running a layer)
+  // The layer for this process's one rank (IpcTeam, or a team of one), ordered on `stream`.
+  void forward(const RankBatch& batch, cudaStream_t stream);
+  // The layer for every local rank (batches[i] belongs to team.local_ranks()[i]), ordered on `stream`
+  // (nullptr: the legacy default stream).
+  void forward(const std::vector<RankBatch>& batches, cudaStream_t stream = nullptr);
 
   // Synchronises the local ranks and raises what the device reported (timeouts, bad routing).
   void sync_and_check();
 
-  // ---- introspection -----------------------------------------------------------------------------
-  const MoeShape& shape() const { return shape_; }
-  const Parallel& parallel() const { return par_; }
-  const MoeCapacity& capacity() const { return cap_; }
-  const MoeOptions& options() const { return options_; }
-  MoeOptions& options() { return options_; }
-  Team& team() const { return team_; }
-  const DevicePlan& plan(int rank) const;
-  // Per-rank device buffers (rows laid out by the plan); baselines write them with their own GEMMs.
-  void* gathered(int rank) const;    // A [rows_cap][H]
-  void* hidden(int rank) const;      // layer 0 output [rows_cap][F/tp]
-  void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
-  // Resident grid capacity of a fused kernel (comm + compute blocks cannot exceed it).
-  int max_blocks(int layer, int tile_n) const;
-  // The comm blocks the last launch of a layer on `rank` ran with: the adaptive pick when it adapted,
-  // else the variant's n_comm. Synchronises the rank's stream.
-  int last_n_comm(int rank, int layer) const;
-  // The table's n_comm for a layer's launch in each load class (TuneKey::load 1, 2, 4, 8) measured with
-  // tile_n; 0 where it has none, and for class 1 (the host's own pick). The adaptive split's input
-  // (built once per launch shape; the rank keeps it).
-  std::array<int, kLoadClasses> load_picks(int layer, int tokens_per_rank, int tile_n) const;
+  // What the planner decided for the last launch of a layer on a local rank (tile, comm blocks,
+  // schedule, where the choice came from).
+  const LaunchDecision& last_decision(int rank, int layer) const;
+  // Device memory this layer holds per local rank (its private buffers and its symmetric ones).
+  size_t device_bytes_per_rank() const;
+
+  const MoeShape& shape() const;
+  const Parallel& parallel() const;
+  const MoeCapacity& capacity() const;  // with max_rows_per_rank resolved
+  const MoeOptions& options() const;
+  Team& team() const;
+
+  // The per-step interface (src/ops/moe_engine.hpp) that the baselines, benchmarks and tests drive.
+  // Internal: not a stable API.
+  MoeEngine& engine() const { return *engine_; }
 
  private:
-  struct RankState;
-  RankState& state(int rank) const;
-  // The variant a launch runs with: resolved by the tuner, validated, leaving compute blocks.
-  LayerVariant launch_variant(int layer, int rank, LayerMode mode, const LayerVariant& requested,
-                              UnitRange units) const;
-
-  Team& team_;
-  MoeShape shape_;
-  Parallel par_;
-  MoeCapacity cap_;
-  MoeOptions options_;
-  SymmetricId x_sym_, routing_sym_, recv_sym_;
-  TuneTable table_;
-  std::string gpu_name_;
-  int sms_ = 0;
-  size_t l2_bytes_ = 0;
-  mutable int max_blocks_[2][3] = {};  // [layer][tile_n 128, 192, 256]: resident grid, queried once
-  // Tuner picks by (layer, tokens bucket, tile_n): a launch re-resolves in a hash lookup.
-  mutable std::unordered_map<uint64_t, TunedVariant> picks_;
-  std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
+  std::unique_ptr<MoeEngine> engine_;
 };
 
 }  // namespace comet

@@ -107,13 +107,20 @@ struct TuneEntry {
   double ms = 0;  // measured time of the pick
 };
 
-// The persisted table. JSON file at $COMET_TUNE_TABLE, else $XDG_CACHE_HOME/comet/tune.json, else
-// ~/.cache/comet/tune.json.
+// The persisted table (JSON). Two of them make the table a FusedMoe uses by default (load_default):
+//  * the shipped table: measured on the H200 (bench/results/h200_tune_table.json), installed with comet
+//    (the Python package carries it as package data and points shipped_path() at it);
+//  * the user's table, which comet-tune fills: $COMET_TUNE_TABLE, else $XDG_CACHE_HOME/comet/tune.json,
+//    else ~/.cache/comet/tune.json. Its entries and models override the shipped ones key by key.
 class TuneTable {
  public:
-  static std::string default_path();
+  static std::string user_path();
+  static std::string shipped_path();
+  static void set_shipped_path(const std::string& path);  // process-wide (the Python package sets it)
+  static TuneTable load_default();                         // shipped, overlaid by the user's
   static TuneTable load(const std::string& path);  // a missing file gives an empty table
   void save(const std::string& path) const;        // creates the folder
+  void overlay(const TuneTable& over);             // over's entries and models replace this one's
 
   const TuneEntry* find(const TuneKey& key) const;
   void put(const TuneKey& key, const TuneEntry& entry);
@@ -134,9 +141,11 @@ struct TunedVariant {
   const char* picked_by = "";  // "table", "cost_model"
 };
 
-// Table first, cost model second. `base` gives the knobs a pick does not set (its m_group/n_group);
-// base.tile_n 0 lets the pick choose the tile shape (the table's, else the cost model's), otherwise
-// it is kept and the cost model picks n_comm for it.
-TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const LayerWork& work, const LayerVariant& base);
+// Table first, cost model second, for what `request` leaves open: the tile shape (the table's entry,
+// else the model's best) and n_comm (the table's, else the model's pick for that tile). m_group and
+// n_group are the request's, else the table entry's (m_group 0: the planner's rule), else 0 and 1.
+// A field the request sets is always kept.
+TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const LayerWork& work,
+                          const LayerRequest& request);
 
 }  // namespace comet

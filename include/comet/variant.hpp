@@ -1,5 +1,8 @@
-// A compiled variant of a fused layer and the run-time knobs of one launch: what the tuner chooses.
+// How one launch of a fused layer runs: what a caller may ask for (LayerRequest) and what the launch
+// planner decided (LaunchDecision). The tuner's table stores LayerVariant entries.
 #pragma once
+
+#include <optional>
 
 namespace comet {
 
@@ -8,12 +11,49 @@ namespace comet {
 // comm_only: comm blocks only, no waits on compute (layer 1 ships whatever Y holds): T_comm.
 enum class LayerMode : int { fused = 0, gemm_only = 1, comm_only = 2 };
 
+// What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's
+// table, else its cost model, and the rasterisation rule); a field that is set is obeyed (and checked).
+struct LayerRequest {
+  std::optional<int> tile_n;   // compiled GEMM tile 128 x tile_n: 128 or 256, and 192 in layer 0
+  std::optional<int> n_comm;   // comm blocks; 0: the sequential schedule (below)
+  std::optional<int> m_group;  // M-tiles per rasterisation group, >= 1
+  std::optional<int> n_group;  // layer 1: column blocks shipped together, >= 1
+
+  // tile and comm blocks fixed, the rest the planner's.
+  static LayerRequest forced(int tile_n, int n_comm) {
+    LayerRequest r;
+    r.tile_n = tile_n;
+    r.n_comm = n_comm;
+    return r;
+  }
+};
+
+// A measured or chosen variant, every field resolved (the tuner table's entries). m_group 0 in a table
+// entry means "the planner's rasterisation rule".
 struct LayerVariant {
-  int tile_n = 256;  // compiled GEMM tiles 128 x tile_n: 128 or 256, and 192 in layer 0; 0 in MoeOptions: the tuner's pick
-  int n_comm = 2;    // comm blocks; the rest of the resident grid computes. 0: sequential mode (the
-                     // communication runs as its own launch on the whole GPU, before or after the GEMM)
-  int m_group = 0;   // rasterisation: M-tiles per group (L2 reuse); 0: about one wave of the grid
-  int n_group = 1;   // layer 1: column blocks per group shipped together
+  int tile_n = 256;
+  int n_comm = 2;
+  int m_group = 0;
+  int n_group = 1;
+};
+
+// fused:      comm blocks inside the GEMM kernel (n_comm > 0).
+// sequential: the communication runs as its own launch on the whole GPU, before the GEMM (layer 0) or
+//             after it (layer 1); where the link is as fast as HBM this beats a few comm blocks.
+enum class Schedule : int { fused = 0, sequential = 1 };
+
+// What the planner decided for one launch; made once per (layer, mode, tokens, request) and memoised.
+struct LaunchDecision {
+  int layer = 0;
+  LayerMode mode = LayerMode::fused;
+  Schedule schedule = Schedule::fused;
+  int tile_n = 256;
+  int n_comm = 0;          // comm blocks of the fused schedule (0 in the sequential one)
+  int m_group = 1;         // resolved, >= 1
+  int n_group = 1;
+  int resident_blocks = 0;  // the tile's resident grid on this device: comm + compute blocks
+  bool adaptive = false;   // the kernel may re-pick n_comm from the batch's plan (adaptive split)
+  const char* picked_by = "";  // "forced", "table", "cost_model"
 };
 
 }  // namespace comet

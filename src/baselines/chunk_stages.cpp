@@ -3,7 +3,7 @@
 // each expert, one contiguous row range.
 #include <algorithm>
 
-#include "comet/baselines.hpp"
+#include "baselines/baselines.hpp"
 
 namespace comet {
 

@@ -8,7 +8,7 @@
 
 #include "baselines/expert_layers.hpp"
 #include "baselines/plan_readback.hpp"
-#include "comet/baselines.hpp"
+#include "baselines/baselines.hpp"
 #include "comet/cuda_check.hpp"
 
 namespace comet {
@@ -36,7 +36,7 @@ struct ChunkedMoe::RankState {
   cudaEvent_t forked = nullptr, joined = nullptr;
   bool ready = false;
 
-  RankState(const FusedMoe& moe, int r)
+  RankState(const MoeEngine& moe, int r)
       : rank(r), comm(moe.team().stream(r)), reader(moe.parallel().local_experts(moe.shape())) {
     COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     handle = std::make_unique<baselines::CublasHandle>(compute);
@@ -64,7 +64,7 @@ struct ChunkedMoe::RankState {
 
   // ---- the steps of one stage, each on its stream ----------------------------------------------------
   // Pulls stage i's remote units into A (rank's stream); records pulled[i].
-  void pull(FusedMoe& moe, const ChunkedOptions& o, int i) {
+  void pull(MoeEngine& moe, const ChunkedOptions& o, int i) {
     const ChunkStage& st = stages[i];
     if (st.unit_end > st.unit_begin)
       moe.layer0(rank, LayerMode::comm_only, baselines::comm_variant(o.tile_n, o.comm_blocks),
@@ -72,14 +72,14 @@ struct ChunkedMoe::RankState {
     COMET_CUDA_CHECK(cudaEventRecord(pulled[i], comm));
   }
   // Weights, pre-reduces and ships stage i's finished rows to their owners (rank's stream).
-  void ship(FusedMoe& moe, const ChunkedOptions& o, int i) {
+  void ship(MoeEngine& moe, const ChunkedOptions& o, int i) {
     const ChunkStage& st = stages[i];
     if (st.unit_end > st.unit_begin)
       moe.layer1(rank, LayerMode::comm_only, baselines::comm_variant(o.tile_n, o.comm_blocks),
                  UnitRange{st.unit_begin, st.unit_end});
   }
   // GEMM0 + activation of stage i's rows (compute stream).
-  void compute0(const FusedMoe& moe, const ChunkedOptions& o, int i) {
+  void compute0(const MoeEngine& moe, const ChunkedOptions& o, int i) {
     problems0[i]->run(handle->get(), o.gemm0);
     baselines::launch_activation(layers.activation(moe, rank, stages[i].pos_begin, stages[i].pos_end), max_rows[i],
                                  compute);
@@ -102,7 +102,7 @@ struct ChunkedMoe::RankState {
   }
 };
 
-ChunkedMoe::ChunkedMoe(FusedMoe& moe, const ChunkedOptions& options) : moe_(moe), options_(options) {
+ChunkedMoe::ChunkedMoe(FusedMoe& moe_public, const ChunkedOptions& options) : moe_(moe_public.engine()), options_(options) {
   COMET_REQUIRE(options_.tile_n == 128 || options_.tile_n == 256, "ChunkedMoe: tile_n must be 128 or 256, got ",
                 options_.tile_n);
   COMET_REQUIRE(options_.chunks >= 1, "ChunkedMoe: chunks must be >= 1, got ", options_.chunks);
@@ -129,7 +129,7 @@ void ChunkedMoe::setup(int rank) {
   RankState& s = state(rank);
   COMET_REQUIRE(s.layers.has_weights(), "ChunkedMoe: no weights set for rank ", rank, " (set them through the baseline)");
   COMET_REQUIRE(options_.chunks >= 1, "ChunkedMoe: chunks must be >= 1, got ", options_.chunks);
-  const int limit = std::min(moe_.max_blocks(0, options_.tile_n), moe_.max_blocks(1, options_.tile_n));
+  const int limit = std::min(moe_.resident_blocks(0, options_.tile_n), moe_.resident_blocks(1, options_.tile_n));
   COMET_REQUIRE(options_.comm_blocks >= 1 && options_.comm_blocks < limit, "ChunkedMoe: comm_blocks must be in [1, ",
                 limit, "), got ", options_.comm_blocks);
   s.ready = false;

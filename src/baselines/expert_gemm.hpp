@@ -14,7 +14,7 @@
 
 #include <vector>
 
-#include "comet/baselines.hpp"
+#include "baselines/baselines.hpp"
 
 namespace comet::baselines {
 

@@ -4,7 +4,7 @@
 
 #include "baselines/expert_layers.hpp"
 #include "baselines/plan_readback.hpp"
-#include "comet/baselines.hpp"
+#include "baselines/baselines.hpp"
 #include "comet/cuda_check.hpp"
 
 namespace comet {
@@ -23,7 +23,7 @@ struct SequentialMoe::RankState {
   int max_rows = 0;
   bool prepared = false;
 
-  RankState(const FusedMoe& moe, int r)
+  RankState(const MoeEngine& moe, int r)
       : rank(r),
         stream(moe.team().stream(r)),
         handle(stream),
@@ -32,7 +32,7 @@ struct SequentialMoe::RankState {
         problems1(moe.parallel().local_experts(moe.shape())) {}
 };
 
-SequentialMoe::SequentialMoe(FusedMoe& moe, const SequentialOptions& options) : moe_(moe), options_(options) {
+SequentialMoe::SequentialMoe(FusedMoe& moe_public, const SequentialOptions& options) : moe_(moe_public.engine()), options_(options) {
   COMET_REQUIRE(options_.tile_n == 128 || options_.tile_n == 256, "SequentialMoe: tile_n must be 128 or 256, got ",
                 options_.tile_n);
   COMET_CUDA_CHECK(cudaSetDevice(moe_.team().device()));

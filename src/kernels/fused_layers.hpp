@@ -6,7 +6,7 @@
 
 #include "comet/team.hpp"
 #include "comet/variant.hpp"
-#include "kernels/adaptive_split.hpp"
+#include "tune/adaptive_split.hpp"
 #include "kernels/layer_args.hpp"
 
 namespace comet::kernels {

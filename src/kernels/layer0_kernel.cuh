@@ -8,7 +8,7 @@
 // at kernel start (adaptive_split.hpp).
 #pragma once
 
-#include "kernels/adaptive_split.hpp"
+#include "tune/adaptive_split.hpp"
 #include "kernels/compute_role.cuh"
 #include "kernels/dispatch_role.cuh"
 #include "kernels/epilogue.cuh"

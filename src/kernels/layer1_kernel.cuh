@@ -9,7 +9,7 @@
 #pragma once
 
 #include "kernels/combine_role.cuh"
-#include "kernels/adaptive_split.hpp"
+#include "tune/adaptive_split.hpp"
 #include "kernels/compute_role.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/fused_layers.hpp"

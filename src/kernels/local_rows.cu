@@ -9,6 +9,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "comet/cuda_check.hpp"
 #include "kernels/bf16x8.cuh"
 
@@ -43,7 +45,8 @@ __global__ void final_reduce_kernel(FinalReduceArgs r) {
     const int t = int(i / chunks), c = int(i % chunks);
     uint32_t groups = 0;  // bit g: EP group g holds one of t's experts (ep <= 32, checked on the host)
     for (int j = 0; j < r.topk; ++j) {
-      const int e = r.ids[size_t(t) * r.topk + j];
+      const size_t slot = size_t(t) * r.topk + j;
+      const long long e = r.ids_64 ? static_cast<const int64_t*>(r.ids)[slot] : static_cast<const int32_t*>(r.ids)[slot];
       if (e >= 0 && e < r.num_experts) groups |= 1u << (e / r.local_experts);  // bad ids: the plan reports them
     }
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -54,6 +57,13 @@ __global__ void final_reduce_kernel(FinalReduceArgs r) {
       accumulate_bf16x8(acc, reinterpret_cast<const uint4*>(part)[c], 1.0f);
     }
     reinterpret_cast<uint4*>(r.out + size_t(t) * r.hidden)[c] = pack_bf16x8(acc);
+  }
+}
+
+__global__ void narrow_ids_kernel(const int64_t* src, int32_t* dst, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const int64_t id = src[i];
+    dst[i] = id >= INT32_MIN && id <= INT32_MAX ? int32_t(id) : -1;
   }
 }
 
@@ -82,6 +92,13 @@ void scatter_local(const void* x, void* a, int hidden, int topk, int max_local_i
   const int threads = 256;
   scatter_local_kernel<<<grid_for(32LL * max_local_items, threads), threads, 0, stream>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<__nv_bfloat16*>(a), hidden, topk, plan);
+  COMET_CUDA_CHECK_LAUNCH();
+}
+
+void narrow_ids(const int64_t* src, int32_t* dst, size_t n, cudaStream_t stream) {
+  if (n == 0) return;
+  const int threads = 256;
+  narrow_ids_kernel<<<grid_for((long long)n, threads), threads, 0, stream>>>(src, dst, n);
   COMET_CUDA_CHECK_LAUNCH();
 }
 

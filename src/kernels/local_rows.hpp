@@ -18,10 +18,15 @@ void store_word(int32_t* word, int32_t value, cudaStream_t stream);
 void scatter_local(const void* x, void* a, int hidden, int topk, int max_local_items, const PlanView& plan,
                    cudaStream_t stream);
 
+// dst[i] = src[i] for expert ids given as int64 (torch.topk); an id outside int32 becomes -1, which the
+// plan's validation reports as out of range.
+void narrow_ids(const int64_t* src, int32_t* dst, size_t n, cudaStream_t stream);
+
 struct FinalReduceArgs {
   const __nv_bfloat16* recv;          // this rank's receive buffer [W][T_cap][H] (slot q from rank q)
   const __nv_bfloat16* self_partial;  // [T_cap][H] this rank's own partials
-  const int32_t* ids;                 // this rank's routing [tokens][k] (device)
+  const void* ids;                    // this rank's routing [tokens][k] (device), int32 or int64
+  bool ids_64;
   __nv_bfloat16* out;                 // [tokens][H]
   int tokens, hidden, topk, max_tokens;
   int world, tp, rank, local_experts, num_experts;

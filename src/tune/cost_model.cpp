@@ -1,5 +1,5 @@
 // The cost model (tune.hpp has its formulas and where its constants come from).
-#include "comet/cost_model_eval.hpp"
+#include "tune/cost_model_eval.hpp"
 #include "comet/tune.hpp"
 
 namespace comet {

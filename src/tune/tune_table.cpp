@@ -29,9 +29,28 @@ LayerVariant variant_from(const json& j) {
   return v;
 }
 
+std::string& shipped_path_storage() {
+  static std::string path = COMET_SHIPPED_TUNE_TABLE;
+  return path;
+}
+
 }  // namespace
 
-std::string TuneTable::default_path() {
+std::string TuneTable::shipped_path() { return shipped_path_storage(); }
+void TuneTable::set_shipped_path(const std::string& path) { shipped_path_storage() = path; }
+
+TuneTable TuneTable::load_default() {
+  TuneTable t = load(shipped_path());
+  t.overlay(load(user_path()));
+  return t;
+}
+
+void TuneTable::overlay(const TuneTable& over) {
+  for (const auto& [key, e] : over.entries_) entries_[key] = e;
+  for (const auto& [key, m] : over.models_) models_[key] = m;
+}
+
+std::string TuneTable::user_path() {
   if (const char* p = std::getenv("COMET_TUNE_TABLE"); p && *p) return p;
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/comet/tune.json";
   const char* home = std::getenv("HOME");
@@ -110,17 +129,25 @@ CostModel TuneTable::model(const std::string& gpu, Link link) const {
 
 void TuneTable::set_model(const std::string& gpu, Link link, const CostModel& m) { models_[model_key(gpu, link)] = m; }
 
-TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const LayerWork& work, const LayerVariant& base) {
+TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const LayerWork& work,
+                          const LayerRequest& request) {
+  TunedVariant t;
   if (const TuneEntry* e = table.find(key)) {
-    LayerVariant v = e->variant;
-    if (base.tile_n != 0) v.tile_n = base.tile_n;  // a forced shape keeps the table's n_comm
-    return TunedVariant{v, "table"};
+    t = TunedVariant{e->variant, "table"};  // a forced shape keeps the table's n_comm
+  } else {
+    const CostModel model = table.model(key.gpu, key.link);
+    t.variant.tile_n = request.tile_n.value_or(model.best_tile_n(work));
+    t.variant.n_comm = model.best_n_comm(work, key.sms, t.variant.tile_n);
+    t.variant.m_group = 0;
+    t.variant.n_group = 1;
+    t.picked_by = "cost_model";
   }
-  const CostModel model = table.model(key.gpu, key.link);
-  LayerVariant v = base;
-  if (v.tile_n == 0) v.tile_n = model.best_tile_n(work);
-  v.n_comm = model.best_n_comm(work, key.sms, v.tile_n);
-  return TunedVariant{v, "cost_model"};
+  LayerVariant& v = t.variant;
+  v.tile_n = request.tile_n.value_or(v.tile_n);
+  v.n_comm = request.n_comm.value_or(v.n_comm);
+  v.m_group = request.m_group.value_or(v.m_group);
+  v.n_group = request.n_group.value_or(v.n_group);
+  return t;
 }
 
 }  // namespace comet

@@ -1,12 +1,12 @@
-// The adaptive split's rule (kernels/adaptive_split.hpp) on plan counts, evaluated on the host: the
+// The adaptive split's rule (tune/adaptive_split.hpp) on plan counts, evaluated on the host: the
 // same inline code the fused kernels run at their start.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <vector>
 
-#include "comet/cost_model_eval.hpp"
-#include "kernels/adaptive_split.hpp"
+#include "tune/cost_model_eval.hpp"
+#include "tune/adaptive_split.hpp"
 
 using namespace comet;
 
@@ -19,8 +19,8 @@ struct Layer1Case {
   int tokens = 4096, sms = 132, layer = 1, tile_n = 256;
   CostModel model = CostModel::defaults(Link::host);
 
-  kernels::AdaptiveSplit split(int n_host) const {
-    return kernels::make_adaptive_split(shape, par, layer, tokens, model, sms, tile_n, n_host, nullptr);
+  AdaptiveSplit split(int n_host) const {
+    return make_adaptive_split(shape, par, layer, tokens, model, sms, tile_n, n_host, nullptr);
   }
 };
 
@@ -64,7 +64,7 @@ TEST(AdaptiveSplit, KeepsTheHostPickWhereThePlanLooksAsExpected) {
   const double reach = 1.0 - std::pow(1.0 - 1.0 / s.par.ep, s.shape.topk);
   CountsPlan uniform = counts(8, 8.0 * s.tokens * 8 / 8, 8.0 * s.tokens * reach, s.tokens * reach);
   // 7 is no candidate of the model: only the host (a measured table entry) could have chosen it.
-  EXPECT_EQ(kernels::adaptive_n_comm(s.split(7), uniform.view(), 7, 132), 7);
+  EXPECT_EQ(adaptive_n_comm(s.split(7), uniform.view(), 7, 132), 7);
 }
 
 TEST(AdaptiveSplit, FollowsThePlanWhereRoutingIsSkewed) {
@@ -72,17 +72,17 @@ TEST(AdaptiveSplit, FollowsThePlanWhereRoutingIsSkewed) {
   // Zipf-like counts measured on rank 0 (H200 sweep, 4096 tokens): 4.3x the rows but 1.5x the
   // pulled units of uniform routing, so far less comm per GEMM flop.
   CountsPlan skewed = counts(8, 139351, 28669 * 8.0 / 7.0, 28669 / 7.0);
-  const kernels::AdaptiveSplit a = s.split(32);
+  const AdaptiveSplit a = s.split(32);
   const LayerWork w = measured_work(a.per_row, 139351, skewed.units, skewed.local_units);
   const int n_plan = cost_best_n_comm(s.model, w, s.sms, s.tile_n, false);
   ASSERT_NE(n_plan, a.n_expected) << "the skewed counts should move the model's pick";
   EXPECT_LT(n_plan, a.n_expected);  // less comm per flop: fewer comm blocks
-  EXPECT_EQ(kernels::adaptive_n_comm(a, skewed.view(), 32, 132), n_plan);
+  EXPECT_EQ(adaptive_n_comm(a, skewed.view(), 32, 132), n_plan);
   // Whatever the pick, a compute block is left, and a disabled split keeps the host's value.
-  EXPECT_LE(kernels::adaptive_n_comm(a, skewed.view(), 32, 3), 2);
-  kernels::AdaptiveSplit off = a;
+  EXPECT_LE(adaptive_n_comm(a, skewed.view(), 32, 3), 2);
+  AdaptiveSplit off = a;
   off.enabled = 0;
-  EXPECT_EQ(kernels::adaptive_n_comm(off, skewed.view(), 32, 132), 32);
+  EXPECT_EQ(adaptive_n_comm(off, skewed.view(), 32, 132), 32);
 }
 
 TEST(AdaptiveSplit, LoadClassesArePowersOfTwoOfTheUniformRows) {
@@ -104,18 +104,18 @@ TEST(AdaptiveSplit, TakesTheTablesEntryForTheBatchsLoadClass) {
   const double expected = s.par.world() * double(s.tokens) * s.shape.topk / s.par.ep;  // 32768 rows
   // The tuner measured 5 comm blocks for class 4 (5 is no candidate of the model: only the table).
   const int by_load[kLoadClasses] = {0, 0, 5, 0};
-  const kernels::AdaptiveSplit a = kernels::make_adaptive_split(s.shape, s.par, s.layer, s.tokens, s.model, s.sms,
+  const AdaptiveSplit a = make_adaptive_split(s.shape, s.par, s.layer, s.tokens, s.model, s.sms,
                                                                 s.tile_n, 32, nullptr, by_load);
   EXPECT_DOUBLE_EQ(a.expected_rows, expected);
   CountsPlan skewed = counts(8, 139351, 28669 * 8.0 / 7.0, 28669 / 7.0);  // 4.25x: class 4
-  EXPECT_EQ(kernels::adaptive_n_comm(a, skewed.view(), 32, 132), 5);
-  EXPECT_EQ(kernels::adaptive_n_comm(a, skewed.view(), 32, 4), 3);  // still leaves a compute block
+  EXPECT_EQ(adaptive_n_comm(a, skewed.view(), 32, 132), 5);
+  EXPECT_EQ(adaptive_n_comm(a, skewed.view(), 32, 4), 3);  // still leaves a compute block
   // Class 2 has no entry: the rule of the counts decides, as without a table.
   CountsPlan twice = counts(8, 2.0 * expected, 28669 * 8.0 / 7.0, 28669 / 7.0);
-  const kernels::AdaptiveSplit no_table = s.split(32);
-  EXPECT_EQ(kernels::adaptive_n_comm(a, twice.view(), 32, 132), kernels::adaptive_n_comm(no_table, twice.view(), 32, 132));
+  const AdaptiveSplit no_table = s.split(32);
+  EXPECT_EQ(adaptive_n_comm(a, twice.view(), 32, 132), adaptive_n_comm(no_table, twice.view(), 32, 132));
   // A uniform batch is class 1: the host's pick, whatever the skewed entries say.
   const double reach = 1.0 - std::pow(1.0 - 1.0 / s.par.ep, s.shape.topk);
   CountsPlan uniform = counts(8, expected, 8.0 * s.tokens * reach, s.tokens * reach);
-  EXPECT_EQ(kernels::adaptive_n_comm(a, uniform.view(), 32, 132), 32);
+  EXPECT_EQ(adaptive_n_comm(a, uniform.view(), 32, 132), 32);
 }

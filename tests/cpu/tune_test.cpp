@@ -89,13 +89,47 @@ TEST(TuneTable, MissingFileIsEmptyCorruptFileIsAnError) {
   std::filesystem::remove(path);
 }
 
-TEST(TuneTable, DefaultPathFollowsTheEnvironment) {
+TEST(TuneTable, UserPathFollowsTheEnvironment) {
   setenv("COMET_TUNE_TABLE", "/x/y.json", 1);
-  EXPECT_EQ(TuneTable::default_path(), "/x/y.json");
+  EXPECT_EQ(TuneTable::user_path(), "/x/y.json");
   unsetenv("COMET_TUNE_TABLE");
   setenv("XDG_CACHE_HOME", "/cache", 1);
-  EXPECT_EQ(TuneTable::default_path(), "/cache/comet/tune.json");
+  EXPECT_EQ(TuneTable::user_path(), "/cache/comet/tune.json");
   unsetenv("XDG_CACHE_HOME");
+}
+
+// The default table: the shipped one, overlaid key by key by the user's.
+TEST(TuneTable, DefaultIsTheShippedTableUnderTheUsers) {
+  TuneTable shipped, user;
+  shipped.put(key_for(0, 4096), TuneEntry{LayerVariant{256, 4, 0, 1}, 2.0});
+  shipped.put(key_for(1, 4096), TuneEntry{LayerVariant{256, 8, 0, 1}, 1.0});
+  user.put(key_for(0, 4096), TuneEntry{LayerVariant{128, 6, 0, 1}, 1.5});
+  user.put(key_for(0, 16384), TuneEntry{LayerVariant{256, 16, 0, 1}, 9.0});
+  CostModel m = CostModel::defaults(Link::host);
+  m.l0_unit_us = 0.123;
+  user.set_model("NVIDIA H200", Link::host, m);
+  const std::string shipped_path = temp_path("shipped.json"), user_path = temp_path("user.json");
+  shipped.save(shipped_path);
+  user.save(user_path);
+  const std::string before = TuneTable::shipped_path();
+  TuneTable::set_shipped_path(shipped_path);
+  setenv("COMET_TUNE_TABLE", user_path.c_str(), 1);
+  const TuneTable t = TuneTable::load_default();
+  unsetenv("COMET_TUNE_TABLE");
+  TuneTable::set_shipped_path(before);
+  EXPECT_EQ(t.size(), 3u);
+  EXPECT_EQ(t.find(key_for(0, 4096))->variant.tile_n, 128);  // the user's measurement wins
+  EXPECT_EQ(t.find(key_for(1, 4096))->variant.n_comm, 8);    // the shipped one fills the rest
+  EXPECT_EQ(t.find(key_for(0, 16384))->variant.n_comm, 16);
+  EXPECT_DOUBLE_EQ(t.model("NVIDIA H200", Link::host).l0_unit_us, 0.123);
+  std::filesystem::remove(shipped_path);
+  std::filesystem::remove(user_path);
+}
+
+// The table the build ships is where the library looks by default, and it holds the H200 picks.
+TEST(TuneTable, ShippedTableIsFoundWithoutEnvironment) {
+  EXPECT_TRUE(std::filesystem::exists(TuneTable::shipped_path())) << TuneTable::shipped_path();
+  EXPECT_GT(TuneTable::load(TuneTable::shipped_path()).size(), 100u);
 }
 
 LayerWork pull(double units, int hidden, double flops) {
@@ -148,15 +182,29 @@ TEST(PickVariant, TableFirstThenCostModel) {
   TuneTable t;
   t.put(key_for(0, 4096), TuneEntry{LayerVariant{128, 7, 0, 1}, 1.0});
   const LayerWork w = expected_work(MoeShape{4096, 14336, 8, 2, Activation::swiglu}, Parallel{8, 1}, 0, 4096, 256);
-  const TunedVariant hit = pick_variant(t, key_for(0, 4096), w, LayerVariant{0, -1, 0, 1});
+  const TunedVariant hit = pick_variant(t, key_for(0, 4096), w, LayerRequest{});
   EXPECT_STREQ(hit.picked_by, "table");
   EXPECT_EQ(hit.variant.n_comm, 7);
   EXPECT_EQ(hit.variant.tile_n, 128);
   // A forced shape stays; the table still gives n_comm.
-  const TunedVariant forced = pick_variant(t, key_for(0, 4096), w, LayerVariant{256, -1, 0, 1});
+  LayerRequest shape;
+  shape.tile_n = 256;
+  const TunedVariant forced = pick_variant(t, key_for(0, 4096), w, shape);
   EXPECT_EQ(forced.variant.tile_n, 256);
   EXPECT_EQ(forced.variant.n_comm, 7);
-  const TunedVariant miss = pick_variant(t, key_for(0, 16384), w, LayerVariant{256, -1, 3, 1});
+  // Every field a request sets is kept, on a table hit too (m_group / n_group are not the table's).
+  LayerRequest knobs = shape;
+  knobs.m_group = 3;
+  knobs.n_group = 2;
+  const TunedVariant hit_knobs = pick_variant(t, key_for(0, 4096), w, knobs);
+  EXPECT_STREQ(hit_knobs.picked_by, "table");
+  EXPECT_EQ(hit_knobs.variant.m_group, 3);
+  EXPECT_EQ(hit_knobs.variant.n_group, 2);
+  EXPECT_EQ(hit_knobs.variant.n_comm, 7);
+  LayerRequest comm = knobs;
+  comm.n_comm = 5;
+  EXPECT_EQ(pick_variant(t, key_for(0, 4096), w, comm).variant.n_comm, 5);
+  const TunedVariant miss = pick_variant(t, key_for(0, 16384), w, knobs);
   EXPECT_STREQ(miss.picked_by, "cost_model");
   EXPECT_GE(miss.variant.n_comm, 1);
   EXPECT_EQ(miss.variant.m_group, 3);
@@ -190,6 +238,8 @@ TEST(PickVariant, CostModelChoosesTheShapeOnlyWhenAsked) {
   const TuneTable empty;
   const LayerWork w = expected_work(MoeShape{2048, 1408, 64, 4, Activation::swiglu}, Parallel{1, 8}, 0, 4096, 256);
   TuneKey k = key_for(0, 4096);
-  EXPECT_EQ(pick_variant(empty, k, w, LayerVariant{0, -1, 0, 1}).variant.tile_n, 192);
-  EXPECT_EQ(pick_variant(empty, k, w, LayerVariant{256, -1, 0, 1}).variant.tile_n, 256);
+  EXPECT_EQ(pick_variant(empty, k, w, LayerRequest{}).variant.tile_n, 192);
+  LayerRequest wide;
+  wide.tile_n = 256;
+  EXPECT_EQ(pick_variant(empty, k, w, wide).variant.tile_n, 256);
 }

@@ -13,7 +13,7 @@ std::vector<bf16_bits> download_bf16(const void* device_ptr, size_t n) {
   return h;
 }
 
-void expect_layers_match(const MoeProblem& p, const FusedMoe& moe, const Team& team, const std::string& what) {
+void expect_layers_match(const MoeProblem& p, const MoeEngine& moe, const Team& team, const std::string& what) {
   const MoeShape& s = p.shape;
   const Parallel& par = p.par;
   const int H = s.hidden, Fs = par.ffn_shard(s), k = s.topk;

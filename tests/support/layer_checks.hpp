@@ -1,4 +1,4 @@
-// GoogleTest checks of a FusedMoe's buffers and outputs against the CPU reference, shared by the GPU
+// GoogleTest checks of a fused layer's buffers (its engine's) and outputs against the CPU reference, shared by the GPU
 // tests of the fused layers and of the baselines (which run on FusedMoe's plan and comm roles).
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "comet/bf16.hpp"
-#include "comet/fused_moe.hpp"
+#include "ops/moe_engine.hpp"
 #include "support/moe_problem.hpp"
 
 namespace comet::testing {
@@ -16,7 +16,7 @@ std::vector<bf16_bits> download_bf16(const void* device_ptr, size_t n);
 // Layer 0: every valid row of every rank's hidden buffer equals act(w0_e x) on the rank's F shard.
 // Layer 1: every row of Y equals w1_e[:, shard] x (the GPU's own hidden row), which isolates GEMM1 from
 // GEMM0's rounding. `what` names the system in failure messages.
-void expect_layers_match(const MoeProblem& p, const FusedMoe& moe, const Team& team, const std::string& what);
+void expect_layers_match(const MoeProblem& p, const MoeEngine& moe, const Team& team, const std::string& what);
 
 // Every rank's output against `ref` (reference::forward of the problem): relative error of the whole
 // output and of its worst row.

@@ -36,6 +36,14 @@ struct DeviceRank {
 
 std::unique_ptr<DeviceRank> upload_rank(const MoeProblem& p, int rank);
 
+// A forced tile and comm-block count; m_group 0 leaves the rasterisation to the planner.
+inline LayerRequest forced(int tile_n, int n_comm, int m_group = 0, int n_group = 1) {
+  LayerRequest r = LayerRequest::forced(tile_n, n_comm);
+  if (m_group > 0) r.m_group = m_group;
+  r.n_group = n_group;
+  return r;
+}
+
 // ||a - b|| / ||b|| (returns +inf if a has a NaN).
 double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comet/fused_moe.hpp"
+#include "ops/moe_engine.hpp"
 #include "comet/plan.hpp"
 #include "support/device_buffer.hpp"
 #include "support/device_random.hpp"
@@ -69,7 +70,8 @@ int main(int argc, char** argv) {
     rows = std::max(rows, p.view().expert_offset[El]);
   }
   LocalTeam team(W, link);
-  FusedMoe moe(team, shape, par, MoeCapacity{tokens, rows});
+  FusedMoe layer(team, shape, par, MoeCapacity{tokens, rows});
+  MoeEngine& moe = layer.engine();
   std::vector<DeviceBuffer> keep;
   std::vector<RankBatch> batches;
   for (int r = 0; r < W; ++r) {
@@ -105,16 +107,18 @@ int main(int argc, char** argv) {
   cudaStream_t s = team.stream(0);
   auto prep = [&] { moe.prepare(0); };
   auto none = [] {};
-  const LayerVariant base{256, 2, std::getenv("COMET_M_GROUP") ? std::atoi(std::getenv("COMET_M_GROUP")) : 0,
-                          std::getenv("COMET_N_GROUP") ? std::atoi(std::getenv("COMET_N_GROUP")) : 1};
-  if (const char* lag = std::getenv("COMET_STORE_LAG")) moe.options().dispatch_store_lag = std::atoi(lag);
+  LayerRequest base = LayerRequest::forced(256, 2);
+  if (const char* m = std::getenv("COMET_M_GROUP"); m && std::atoi(m) > 0) base.m_group = std::atoi(m);
+  base.n_group = std::getenv("COMET_N_GROUP") ? std::atoi(std::getenv("COMET_N_GROUP")) : 1;
+  if (const char* lag = std::getenv("COMET_STORE_LAG")) moe.set_dispatch_store_lag(std::atoi(lag));
   cudaDeviceProp prop{};
   COMET_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s: %d SMs, L2 %zu bytes; m_group %d (0: automatic), store lag %d\n", prop.name,
-              prop.multiProcessorCount, size_t(prop.l2CacheSize), base.m_group, moe.options().dispatch_store_lag);
+              prop.multiProcessorCount, size_t(prop.l2CacheSize), base.m_group.value_or(0),
+              moe.options().dispatch_store_lag);
   for (int layer = 0; layer < 2; ++layer) {
     auto run = [&](LayerMode m, int n_comm) {
-      LayerVariant v = base;
+      LayerRequest v = base;
       v.n_comm = n_comm;
       if (layer == 0) moe.layer0(0, m, v); else moe.layer1(0, m, v);
     };

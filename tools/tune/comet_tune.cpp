@@ -1,4 +1,4 @@
-// comet-tune: fills the tuner's table (TuneTable::default_path(), or --table) for model configs.
+// comet-tune: fills the tuner's table (TuneTable::user_path(), or --table) for model configs.
 //
 //   comet-tune --model mixtral --layout ep8 --link host --tokens 1024,4096 [--n-comm 0,1,2,4,8,16,24,32]
 //              [--routings uniform,zipf1.2]
@@ -17,6 +17,8 @@
 //       are reported as unmeasured; a skewed case takes its load class's entry when the table has one,
 //       as the adaptive split does); --measured-work gives the cost model the rows each record counted
 //       instead of the uniform expectation (what a pick made on the device, from the plan, would see)
+//   comet-tune --where
+//       which tables a FusedMoe loads by default (the shipped one, then the user's over it)
 //   comet-tune --lookup-overhead
 //       how long a pick takes (table hit, cost model), on the host
 #include <sys/wait.h>
@@ -35,7 +37,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "comet/cost_model_eval.hpp"
+#include "tune/cost_model_eval.hpp"
 #include "comet/tune.hpp"
 #include "models.hpp"
 
@@ -45,7 +47,7 @@ using nlohmann::json;
 namespace {
 
 struct Args {
-  std::string table = TuneTable::default_path();
+  std::string table = TuneTable::user_path();
   std::vector<std::string> results;
   std::vector<std::string> evaluate;
   std::vector<std::string> tile_runs;  // --from-results files used only for the tile shapes' GEMM rates
@@ -58,6 +60,23 @@ struct Args {
   bool measured_work = false;  // --evaluate: the cost model sees each record's measured rows
   bool dump_work = false;      // --evaluate: also print each case's measured work and sweep as JSON
 };
+
+// What the evaluation asks the tuner: the tile the sweeps measured, the rest its choice.
+LayerRequest tile256() {
+  LayerRequest r;
+  r.tile_n = 256;
+  return r;
+}
+
+// Which tables a FusedMoe loads by default, and what each holds.
+void where() {
+  const std::string shipped = TuneTable::shipped_path(), user = TuneTable::user_path();
+  std::printf("shipped table: %s (%zu entries%s)\n", shipped.c_str(), TuneTable::load(shipped).size(),
+              std::filesystem::exists(shipped) ? "" : ", missing");
+  std::printf("user table:    %s (%zu entries%s; overrides the shipped one key by key)\n", user.c_str(),
+              TuneTable::load(user).size(), std::filesystem::exists(user) ? "" : ", missing");
+  std::printf("in use:        %zu entries\n", TuneTable::load_default().size());
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -254,7 +273,7 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
     const TuneEntry* by_load = key.load > 1 ? table.find(key) : nullptr;
     key.load = 1;
     const TunedVariant t = by_load ? TunedVariant{by_load->variant, "table_load"}
-                                   : pick_variant(table, key, work_of(c.first, a.measured_work), LayerVariant{256, -1, 0, 1});
+                                   : pick_variant(table, key, work_of(c.first, a.measured_work), tile256());
     const auto best = std::min_element(c.sweep.begin(), c.sweep.end(),
                                        [](const auto& x, const auto& y) { return x.second < y.second; });
     const auto it = c.sweep.find(t.variant.n_comm);
@@ -338,7 +357,7 @@ void lookup_overhead() {
     const auto t0 = std::chrono::steady_clock::now();
     for (int i = 0; i < n; ++i) {
       k.layer = i & 1;
-      sink += pick_variant(t, k, expected_work(s, p, k.layer, 4096, 256), LayerVariant{256, -1, 0, 1}).variant.n_comm;
+      sink += pick_variant(t, k, expected_work(s, p, k.layer, 4096, 256), tile256()).variant.n_comm;
     }
     const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
     std::printf("  %-28s %.0f ns per pick (key, expected work, lookup or model)%s\n", what, ns, sink == 42 ? " " : "");
@@ -376,12 +395,15 @@ int main(int argc, char** argv) {
     else if (s == "--routings") a.routings = value();
     else if (s == "--sms") a.sms = std::atoi(value().c_str());
     else if (s == "--lookup-overhead") a.lookup_overhead = true;
-    else {
+    else if (s == "--where") {
+      where();
+      return 0;
+    } else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
                            " | --from-results JSON... [--tile-runs JSON...]) [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work]"
-                           " | --lookup-overhead\n");
+                           " | --lookup-overhead | --where\n");
       return s == "-h" || s == "--help" ? 0 : 2;
     }
   }

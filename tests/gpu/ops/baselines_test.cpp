@@ -8,7 +8,7 @@
 #include <cstring>
 #include <set>
 
-#include "comet/baselines.hpp"
+#include "baselines/baselines.hpp"
 #include "comet/bf16.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
@@ -77,7 +77,7 @@ struct Layer {
   FusedMoe moe;
   Layer(const Problem& p, Link link)
       : team(p.problem.par.world(), link),
-        moe(team, p.problem.shape, p.problem.par, MoeCapacity{p.problem.max_tokens(), 0}, MoeOptions{{}, {}, true}) {}
+        moe(team, p.problem.shape, p.problem.par, MoeCapacity{p.problem.max_tokens(), 0}) {}
 };
 
 // Runs `sys` once over the problem; returns every rank's output. The layer is left as the run left it.
@@ -115,7 +115,7 @@ TEST_P(BaselinesCase, MatchesReference) {
     Layer l(p, c.link);
     const auto got = run_system(p, l, sys);
     expect_outputs_match(p.problem, ref, got, sys.name);
-    if (sys.check_layers) expect_layers_match(p.problem, l.moe, l.team, sys.name);
+    if (sys.check_layers) expect_layers_match(p.problem, l.moe.engine(), l.team, sys.name);
   }
 }
 
@@ -239,9 +239,9 @@ TEST(Baselines, RejectBadOptionsAndRanks) {
   ChunkedMoe chunked(l.moe, no_comm);
   for (int r = 0; r < 2; ++r) chunked.set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
   EXPECT_THROW(chunked.run(0), InvalidArgument);  // no setup
-  for (int r = 0; r < 2; ++r) l.moe.stage(r, p.ranks[r]->batch());
+  for (int r = 0; r < 2; ++r) l.moe.engine().stage(r, p.ranks[r]->batch());
   l.team.barrier();
-  l.moe.prepare(0);
+  l.moe.engine().prepare(0);
   EXPECT_THROW(chunked.setup(0), InvalidArgument);  // comm_blocks 0
   l.team.synchronize();
 }

@@ -11,7 +11,7 @@
 #include "comet/bf16.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
-#include "kernels/adaptive_split.hpp"
+#include "tune/adaptive_split.hpp"
 #include "support/layer_checks.hpp"
 #include "support/moe_problem.hpp"
 
@@ -27,24 +27,36 @@ struct Case {
   std::vector<int> tokens;
   RoutingKind kind = RoutingKind::uniform;
   Link link = Link::device;
-  LayerVariant l0{256, 2, 0, 1};
-  LayerVariant l1{256, 4, 0, 1};
+  LayerRequest l0 = forced(256, 2);
+  LayerRequest l1 = forced(256, 4);
   int hot = 0;
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
 
 // Everything a case sets up: the team, the layer, the problem and each rank's device data.
+MoeOptions options_of(const Case& c, const std::string& tune_table = "") {
+  MoeOptions o;
+  o.layer0 = c.l0;
+  o.layer1 = c.l1;
+  o.tune_table = tune_table;
+  return o;
+}
+
+// Everything a case sets up: the team, the layer (its public face and the engine the steps run on),
+// the problem and each rank's device data.
 struct Harness {
   MoeProblem problem;
   LocalTeam team;
-  FusedMoe moe;
+  FusedMoe fused;
+  MoeEngine& moe;
   std::vector<std::unique_ptr<DeviceRank>> ranks;
 
-  explicit Harness(const Case& c, uint64_t seed = 1)
+  explicit Harness(const Case& c, uint64_t seed = 1, const std::string& tune_table = "")
       : problem(MoeProblem::make(c.shape, c.par, c.tokens, c.kind, seed, c.hot)),
         team(c.par.world(), c.link),
-        moe(team, c.shape, c.par, MoeCapacity{problem.max_tokens(), 0}, MoeOptions{c.l0, c.l1, true}) {
+        fused(team, c.shape, c.par, MoeCapacity{problem.max_tokens(), 0}, options_of(c, tune_table)),
+        moe(fused.engine()) {
     team.set_timeout(3.0);  // a stalled flag fails the test in seconds, not minutes
     for (int r = 0; r < c.par.world(); ++r) {
       ranks.push_back(upload_rank(problem, r));
@@ -57,7 +69,7 @@ struct Harness {
     return b;
   }
   // The steps of forward() with explicit variants, for both layers.
-  void run(const LayerVariant& l0, const LayerVariant& l1) {
+  void run(const LayerRequest& l0, const LayerRequest& l1) {
     const int W = problem.par.world();
     for (int r = 0; r < W; ++r) moe.stage(r, ranks[r]->batch());
     team.barrier();
@@ -84,12 +96,19 @@ void check_outputs(const Harness& h, const std::vector<std::vector<float>>& got)
   expect_outputs_match(h.problem, ref, got, "fused");
 }
 
+const std::string kNoTable = "/nonexistent/comet-test/tune.json";  // an empty table: the cost model picks
+
 class FusedMoeCase : public ::testing::TestWithParam<Case> {};
 
+// Through the public API, on a stream of the caller's.
 TEST_P(FusedMoeCase, MatchesReference) {
   Harness h(GetParam());
-  h.moe.forward(h.batches());
-  h.moe.sync_and_check();
+  cudaStream_t caller = nullptr;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&caller, cudaStreamNonBlocking));
+  h.fused.forward(h.batches(), caller);
+  COMET_CUDA_CHECK(cudaStreamSynchronize(caller));
+  COMET_CUDA_CHECK(cudaStreamDestroy(caller));
+  h.fused.sync_and_check();
   check_outputs(h, h.outputs());
   check_layers(h);
 }
@@ -102,8 +121,8 @@ const MoeShape kSilu{256, 640, 4, 1, Activation::silu};
 INSTANTIATE_TEST_SUITE_P(
     Layouts, FusedMoeCase,
     ::testing::Values(
-        Case{"W1_single_rank", kSmallSwiglu, {1, 1}, {300}, RoutingKind::uniform, Link::device, {256, 0, 16, 1},
-             {256, 0, 16, 1}},
+        Case{"W1_single_rank", kSmallSwiglu, {1, 1}, {300}, RoutingKind::uniform, Link::device, forced(256, 0, 16, 1),
+             forced(256, 0, 16, 1)},
         Case{"EP2_device", kSmallSwiglu, {2, 1}, {37, 200}},
         Case{"EP2_host", kSmallSwiglu, {2, 1}, {130, 64}, RoutingKind::uniform, Link::host},
         Case{"EP4_zero_token_rank", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
@@ -116,14 +135,15 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"EP2xTP2", kTop8, {2, 2}, {80, 0, 150, 41}},
         Case{"EP4xTP2_host", kSmallSwiglu, {4, 2}, {20, 40, 60, 80, 100, 0, 7, 130}, RoutingKind::zipf, Link::host},
         Case{"EP4_tile128", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
-             {128, 3, 4, 1}, {128, 3, 4, 2}},
+             forced(128, 3, 4, 1), forced(128, 3, 4, 2)},
         // Layer 0's 128x192 tiles: N = 1024 ends in a partial column block; N = 192 is one block.
         Case{"EP4_tile192", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::device,
-             {192, 3, 4, 1}, {256, 3, 4, 1}},
-        Case{"TP2_tile192_host_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host, {192, 2, 0, 1},
-             {128, 2, 0, 1}},
+             forced(192, 3, 4, 1), forced(256, 3, 4, 1)},
+        Case{"TP2_tile192_host_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host, forced(192, 2, 0, 1),
+             forced(128, 2, 0, 1)},
         Case{"EP8_one_expert_hot5", kTop8, {8, 1}, {64, 64, 64, 64, 64, 64, 64, 64}, RoutingKind::one_expert,
-             Link::device, {256, 2, 16, 1}, {256, 4, 16, 1}, 5}),
+             Link::device, forced(256, 2, 16, 1),
+             forced(256, 4, 16, 1), 5}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Same result, bitwise, whatever the number of comm blocks, and over repeated runs.
@@ -135,7 +155,7 @@ TEST(FusedMoe, BitwiseAcrossCommBlocksAndRepeats) {
   const auto first_hidden = download_bf16(h.moe.hidden(0), size_t(h.moe.capacity().max_rows_per_rank) * 256);
   check_outputs(h, first);
   for (int n_comm : {1, 4, 16, 32}) {
-    h.run(LayerVariant{256, n_comm, 2, 1}, LayerVariant{256, n_comm, 3, 2});
+    h.run(forced(256, n_comm, 2, 1), forced(256, n_comm, 3, 2));
     const auto got = h.outputs();
     for (size_t r = 0; r < got.size(); ++r)
       EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "n_comm " << n_comm << " rank " << r;
@@ -177,9 +197,9 @@ TEST(FusedMoe, Layer0ModesAgree) {
 // run's bitwise, and the reference's.
 TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
   Harness h(Case{"ep4_host", kSmallSwiglu, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::host});
-  h.run(LayerVariant{256, 2, 0, 1}, LayerVariant{256, 4, 0, 1});
+  h.run(forced(256, 2), forced(256, 4));
   const auto fused = h.outputs();
-  h.run(LayerVariant{256, 0, 0, 1}, LayerVariant{256, 0, 0, 1});
+  h.run(forced(256, 0), forced(256, 0));
   const auto sequential = h.outputs();
   check_outputs(h, sequential);
   check_layers(h);
@@ -188,15 +208,14 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
 }
 
 // Adaptive split: with the tuner's n_comm, each fused launch re-picks its comm blocks on the device
-// from the plan's counts. The kernel's pick is the rule of kernels/adaptive_split.hpp evaluated here on
+// from the plan's counts. The kernel's pick is the rule of tune/adaptive_split.hpp evaluated here on
 // the host plan, and the outputs equal a forced run's bitwise (n_comm never changes the result).
 TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
-  setenv("COMET_TUNE_TABLE", "/nonexistent/comet-test/tune.json", 1);  // the cost model picks
   Case c{"adaptive", kTop8, {4, 1}, {300, 20, 250, 77}, RoutingKind::zipf, Link::host};
-  c.l0 = c.l1 = LayerVariant{256, -1, 0, 1};
-  Harness h(c);
-  unsetenv("COMET_TUNE_TABLE");
-  h.moe.options().adaptive_split = true;
+  c.l0 = c.l1 = LayerRequest{};
+  c.l0.tile_n = c.l1.tile_n = 256;
+  Harness h(c, 1, kNoTable);  // the cost model picks
+  ASSERT_TRUE(h.moe.options().adaptive_split);
   const int W = c.par.world();
   for (int r = 0; r < W; ++r) h.moe.stage(r, h.ranks[r]->batch());
   h.team.barrier();
@@ -217,19 +236,17 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
   for (int r = 0; r < W; ++r) {
     const HostPlan plan = h.moe.plan(r).to_host(h.team.stream(r));
     for (int layer = 0; layer < 2; ++layer) {
-      const TunedVariant t = h.moe.resolve(layer, r, layer == 0 ? c.l0 : c.l1);
-      const TuneKey key = h.moe.tune_key(layer, c.tokens[r]);
+      const LaunchDecision& d = h.moe.last_decision(r, layer);
+      EXPECT_STREQ(d.picked_by, "cost_model");
+      EXPECT_EQ(d.adaptive, d.n_comm > 0);
       const int tokens = std::max(1, c.tokens[r]);
-      const kernels::AdaptiveSplit a =
-          kernels::make_adaptive_split(c.shape, c.par, layer, tokens, h.moe.tune_table().model(key.gpu, key.link),
-                                       key.sms, t.variant.tile_n, t.variant.n_comm, nullptr);
-      const int grid = h.moe.max_blocks(layer, a.tile_n);
-      const int want = t.variant.n_comm == 0 ? 0 : kernels::adaptive_n_comm(a, plan.view(), t.variant.n_comm, grid);
-      EXPECT_EQ(used[r][layer], want) << "rank " << r << " layer " << layer << " (host pick " << t.variant.n_comm
-                                      << ")";
+      const AdaptiveSplit a = make_adaptive_split(c.shape, c.par, layer, tokens, h.moe.planner().model(),
+                                                  h.moe.planner().caps().sms, d.tile_n, d.n_comm, nullptr);
+      const int want = d.n_comm == 0 ? 0 : adaptive_n_comm(a, plan.view(), d.n_comm, d.resident_blocks);
+      EXPECT_EQ(used[r][layer], want) << "rank " << r << " layer " << layer << " (host pick " << d.n_comm << ")";
     }
   }
-  h.run(LayerVariant{256, 4, 0, 1}, LayerVariant{256, 4, 0, 1});
+  h.run(forced(256, 4), forced(256, 4));
   const auto forced = h.outputs();
   for (int r = 0; r < W; ++r)
     EXPECT_EQ(0, std::memcmp(adaptive[r].data(), forced[r].data(), adaptive[r].size() * sizeof(float))) << "rank " << r;
@@ -240,23 +257,29 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
 // 256-wide tiles, and 128x256 for layer 1 (N = H = 256); F_s = 176 is not a multiple of the 64-wide K
 // step either.
 TEST(FusedMoe, AutomaticOptionsLetTheTunerPickTheTileShape) {
-  setenv("COMET_TUNE_TABLE", "/nonexistent/comet-test/tune.json", 1);
   Case c{"auto", MoeShape{256, 352, 8, 2, Activation::swiglu}, Parallel{1, 2}, {70, 33}};
-  c.l0 = c.l1 = LayerVariant{0, -1, 0, 1};
-  Harness h(c);
-  unsetenv("COMET_TUNE_TABLE");
+  c.l0 = c.l1 = LayerRequest{};
+  Harness h(c, 1, kNoTable);
   for (int r = 0; r < 2; ++r) h.moe.stage(r, h.ranks[r]->batch());
-  const TunedVariant t0 = h.moe.resolve(0, 0, h.moe.options().layer0);
-  const TunedVariant t1 = h.moe.resolve(1, 0, h.moe.options().layer1);
+  const LaunchDecision t0 = h.moe.decision(0, 0, LayerMode::fused, h.moe.options().layer0);
+  const LaunchDecision t1 = h.moe.decision(1, 0, LayerMode::fused, h.moe.options().layer1);
   EXPECT_STREQ(t0.picked_by, "cost_model");
-  EXPECT_EQ(t0.variant.tile_n, 192);
-  EXPECT_EQ(t1.variant.tile_n, 256);
+  EXPECT_EQ(t0.tile_n, 192);
+  EXPECT_EQ(t1.tile_n, 256);
   // n_comm: the cost model's own pick for this work (over the device link it may be 0, sequential mode).
-  EXPECT_GE(t0.variant.n_comm, 0);
-  EXPECT_LT(t0.variant.n_comm, h.moe.max_blocks(0, t0.variant.tile_n));
+  EXPECT_GE(t0.n_comm, 0);
+  EXPECT_LT(t0.n_comm, t0.resident_blocks);
+  EXPECT_EQ(t0.schedule == Schedule::sequential, t0.n_comm == 0);
   // A forced n_comm with an automatic shape keeps the shape pick.
-  EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.tile_n, 192);
-  EXPECT_EQ(h.moe.resolve(0, 0, LayerVariant{0, 3, 0, 1}).variant.n_comm, 3);
+  LayerRequest comm3;
+  comm3.n_comm = 3;
+  EXPECT_EQ(h.moe.decision(0, 0, LayerMode::fused, comm3).tile_n, 192);
+  EXPECT_EQ(h.moe.decision(0, 0, LayerMode::fused, comm3).n_comm, 3);
+  EXPECT_FALSE(h.moe.decision(0, 0, LayerMode::fused, comm3).adaptive);  // a forced n_comm stays
+  // A requested m_group is obeyed whoever picks the rest.
+  LayerRequest group5;
+  group5.m_group = 5;
+  EXPECT_EQ(h.moe.decision(0, 0, LayerMode::fused, group5).m_group, 5);
   h.moe.forward(h.batches());
   h.moe.sync_and_check();
   check_outputs(h, h.outputs());
@@ -272,12 +295,25 @@ TEST(FusedMoe, RejectsBadInputBeforeLaunch) {
   b = h.ranks[0]->batch();
   b.x = nullptr;
   EXPECT_THROW(h.moe.stage(0, b), InvalidArgument);
-  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{160, 2, 16, 1}), InvalidArgument);
-  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{192, 2, 16, 1}), InvalidArgument);  // layer 0 only
-  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, LayerVariant{256, 2, -1, 1}), InvalidArgument);  // m_group < 0
-  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{256, 2, 0, 0}), InvalidArgument);   // n_group < 1
-  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, LayerVariant{256, 100000, 16, 1}), InvalidArgument);
+  b = h.ranks[0]->batch();
+  b.x = static_cast<const char*>(b.x) + 2;  // bf16-aligned, not 16-byte aligned
+  EXPECT_THROW(h.moe.stage(0, b), InvalidArgument);
+  b = h.ranks[0]->batch();
+  b.ids_type = static_cast<IdType>(7);
+  EXPECT_THROW(h.moe.stage(0, b), InvalidArgument);
+  EXPECT_THROW(h.moe.set_weights(0, static_cast<const char*>(h.ranks[0]->w0.get()) + 8, h.ranks[0]->w1.get()),
+               InvalidArgument);
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, forced(160, 2, 16)), InvalidArgument);
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, forced(192, 2, 16)), InvalidArgument);  // layer 0 only
+  LayerRequest bad = forced(256, 2);
+  bad.m_group = -1;
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, bad), InvalidArgument);
+  bad.m_group = 1 << 20;  // would overflow the work-item arithmetic
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, bad), InvalidArgument);
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, forced(256, 2, 0, 0)), InvalidArgument);  // n_group < 1
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, forced(256, 100000, 16)), InvalidArgument);
   EXPECT_THROW(h.moe.stage(5, h.ranks[0]->batch()), InvalidArgument);
+  EXPECT_THROW(h.fused.forward(h.ranks[0]->batch(), nullptr), InvalidArgument);  // two local ranks, one batch
   LocalTeam three(3);
   EXPECT_THROW(FusedMoe(three, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}), InvalidArgument);
 }
@@ -296,6 +332,36 @@ TEST(FusedMoe, ReportsBadDeviceRouting) {
   } catch (const DeviceReportedError& e) {
     EXPECT_NE(std::string(e.what()).find("99"), std::string::npos) << e.what();
   }
+}
+
+// Expert ids as int64 (torch.topk's type) give the int32 run's output bitwise; an id past int32 is
+// reported as out of range, not wrapped onto a valid expert.
+TEST(FusedMoe, Int64IdsMatchInt32Bitwise) {
+  Case c{"ids64", kTop8, {4, 1}, {100, 0, 33, 257}, RoutingKind::zipf, Link::device};
+  Harness h(c);
+  h.fused.forward(h.batches(), nullptr);
+  h.fused.sync_and_check();
+  const auto want = h.outputs();
+  std::vector<DeviceBuffer> ids64;
+  std::vector<RankBatch> batches = h.batches();
+  for (int r = 0; r < c.par.world(); ++r) {
+    const std::vector<int32_t>& ids = h.problem.inputs[r].ids;
+    ids64.emplace_back(std::vector<int64_t>(ids.begin(), ids.end()));
+    batches[r].ids = ids64.back().get();
+    batches[r].ids_type = IdType::i64;
+    h.ranks[r]->out.fill_bytes(0xFF);
+  }
+  h.fused.forward(batches, nullptr);
+  h.fused.sync_and_check();
+  const auto got = h.outputs();
+  for (size_t r = 0; r < got.size(); ++r)
+    EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * sizeof(float))) << "rank " << r;
+
+  std::vector<int64_t> wide(h.problem.inputs[3].ids.begin(), h.problem.inputs[3].ids.end());
+  wide[5] = (int64_t(1) << 32) + 1;  // wraps onto expert 1 if narrowed blindly
+  ids64[3].upload(wide);
+  h.fused.forward(batches, nullptr);
+  EXPECT_THROW(h.fused.sync_and_check(), DeviceReportedError);
 }
 
 }  // namespace

@@ -20,8 +20,10 @@ std::string check_fused_layer(IpcTeam& team) {
   std::vector<int> tokens;
   for (int r = 0; r < W; ++r) tokens.push_back(r == 1 ? 0 : 40 + 37 * r);
   const MoeProblem p = MoeProblem::make(shape, par, tokens, RoutingKind::uniform, 77);
-  FusedMoe moe(team, shape, par, MoeCapacity{p.max_tokens(), 0},
-               MoeOptions{LayerVariant{256, 2, 0, 1}, LayerVariant{256, 3, 0, 1}, true});
+  MoeOptions options;
+  options.layer0 = forced(256, 2);
+  options.layer1 = forced(256, 3);
+  FusedMoe moe(team, shape, par, MoeCapacity{p.max_tokens(), 0}, options);
   const auto mine = upload_rank(p, rank);
   moe.set_weights(rank, mine->w0.get(), mine->w1.get());
   moe.forward({mine->batch()});

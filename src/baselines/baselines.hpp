@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "comet/fused_moe.hpp"
+#include "ops/moe_engine.hpp"
 
 namespace comet {
 
@@ -72,13 +72,12 @@ class SequentialMoe {
   const std::vector<int>& expert_rows(int rank) const;
   SequentialOptions& options() { return options_; }
   const SequentialOptions& options() const { return options_; }
-  FusedMoe& moe() const { return moe_; }
 
  private:
   struct RankState;
   RankState& state(int rank) const;
 
-  FusedMoe& moe_;
+  MoeEngine& moe_;
   SequentialOptions options_;
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
 };
@@ -137,13 +136,12 @@ class ChunkedMoe {
   const std::vector<ChunkStage>& stages(int rank) const;
   ChunkedOptions& options() { return options_; }
   const ChunkedOptions& options() const { return options_; }
-  FusedMoe& moe() const { return moe_; }
 
  private:
   struct RankState;
   RankState& state(int rank) const;
 
-  FusedMoe& moe_;
+  MoeEngine& moe_;
   ChunkedOptions options_;
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
 };

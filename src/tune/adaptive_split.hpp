@@ -15,10 +15,10 @@
 
 #include <cstdint>
 
-#include "comet/cost_model_eval.hpp"
+#include "tune/cost_model_eval.hpp"
 #include "comet/plan.hpp"
 
-namespace comet::kernels {
+namespace comet {
 
 struct AdaptiveSplit {
   int enabled = 0;
@@ -70,4 +70,4 @@ COMET_HD inline int adaptive_n_comm(const AdaptiveSplit& a, const PlanView& plan
   return n < 1 ? 1 : (n > grid - 1 ? grid - 1 : n);
 }
 
-}  // namespace comet::kernels
+}  // namespace comet

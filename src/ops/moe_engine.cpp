@@ -1,0 +1,441 @@
+// MoeEngine: buffers, validation and the launch sequence of the fused MoE layer (moe_engine.hpp). What
+// each launch looks like is the planner's decision (tune/launch_planner.hpp); this file executes it.
+#include "ops/moe_engine.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "comet/cuda_check.hpp"
+#include "kernels/fused_layers.hpp"
+#include "kernels/local_rows.hpp"
+
+namespace comet {
+
+namespace {
+
+constexpr int kTileM = kernels::kTileM;
+
+int round_up(long long v, int to) { return int((v + to - 1) / to * to); }
+
+int default_rows(const MoeShape& s, const Parallel& p, int max_tokens) {
+  const int el = p.local_experts(s);
+  const long long rows = (long long)p.world() * max_tokens * std::min(s.topk, el) + (long long)el * (kTileM - 1);
+  COMET_REQUIRE(rows < (1LL << 31) - kTileM, "FusedMoe: the worst-case gathered buffer has ", rows,
+                " rows; give MoeCapacity::max_rows_per_rank explicitly");
+  return round_up(std::max(rows, 1LL), kTileM);
+}
+
+kernels::EpilogueOp activation_op(Activation a) {
+  switch (a) {
+    case Activation::swiglu: return kernels::EpilogueOp::swiglu;
+    case Activation::gelu: return kernels::EpilogueOp::gelu;
+    case Activation::silu: return kernels::EpilogueOp::silu;
+  }
+  return kernels::EpilogueOp::none;
+}
+
+bool checking_from_env() {
+  const char* v = std::getenv("COMET_CHECK");
+  return v && std::string(v) == "1";
+}
+
+bool aligned(const void* p, size_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
+DeviceCaps device_caps(int device) {
+  cudaDeviceProp prop{};
+  COMET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  DeviceCaps c;
+  c.gpu = prop.name;
+  c.sms = prop.multiProcessorCount;
+  c.l2_bytes = size_t(prop.l2CacheSize);
+  c.resident_blocks = [](int layer, int tile_n) {
+    return (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
+  };
+  return c;
+}
+
+TuneTable load_table(const std::string& path) {
+  return path.empty() ? TuneTable::load_default() : TuneTable::load(path);
+}
+
+}  // namespace
+
+struct MoeEngine::RankState {
+  int rank = 0;
+  cudaStream_t stream = nullptr;
+  DevicePlan plan;
+  void* a = nullptr;             // [rows_cap][H]
+  void* hid = nullptr;           // [rows_cap][F_s]
+  void* y = nullptr;             // [rows_cap][H]
+  void* self_partial = nullptr;  // [T_cap][H]
+  int32_t* tile_ready = nullptr;    // [max_tiles]
+  int32_t* tile_arrived = nullptr;  // [max_tiles]
+  int32_t* tile_done = nullptr;     // [max_tiles * ceil(H / 128)]
+  int32_t* epoch = nullptr;
+  int32_t* chosen_n_comm = nullptr;  // [2] the adaptive split's pick of the last fused launch per layer
+  LaunchDecision last[2];           // the planner's decision of the last launch per layer
+  const void* w0 = nullptr;
+  const void* w1 = nullptr;
+  const void* x = nullptr;  // the staged batch's tokens (device)
+  int tokens = 0;
+  cudaEvent_t joined = nullptr;  // forward_on: where this rank's stream has got to
+  std::vector<void*> owned;
+  std::function<void(void*)> release;
+
+  ~RankState() {
+    for (void* p : owned) release(p);
+    if (joined) cudaEventDestroy(joined);
+  }
+};
+
+void* MoeEngine::alloc(RankState& s, size_t bytes) {
+  bytes = std::max<size_t>(bytes, 16);
+  void* p = nullptr;
+  if (options_.allocator.allocate) {
+    p = options_.allocator.allocate(bytes);
+    COMET_REQUIRE(p != nullptr, "FusedMoe: the allocator returned null for ", bytes, " bytes");
+  } else {
+    COMET_CUDA_CHECK(cudaMalloc(&p, bytes));
+  }
+  s.owned.push_back(p);
+  COMET_CUDA_CHECK(cudaMemset(p, 0, bytes));
+  device_bytes_per_rank_ += s.rank == team_.local_ranks().front() ? bytes : 0;
+  return p;
+}
+
+MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, const MoeCapacity& cap,
+                     const MoeOptions& options)
+    : team_(team),
+      shape_(shape),
+      par_(par),
+      cap_(cap),
+      options_(options),
+      planner_(shape, par, team.link(), device_caps(team.device()), load_table(options.tune_table),
+               options.adaptive_split) {
+  validate(shape_, par_);
+  COMET_REQUIRE(team_.world() == par_.world(), "FusedMoe: the team has ", team_.world(), " ranks but ep x tp = ",
+                par_.ep, " x ", par_.tp, " = ", par_.world());
+  COMET_REQUIRE(par_.ep <= 32, "FusedMoe: ep > 32 is not supported (got ", par_.ep, ")");
+  COMET_REQUIRE(cap_.max_tokens_per_rank > 0, "FusedMoe: MoeCapacity::max_tokens_per_rank must be positive");
+  COMET_REQUIRE(cap_.max_rows_per_rank >= 0, "FusedMoe: MoeCapacity::max_rows_per_rank must be >= 0");
+  COMET_REQUIRE(bool(options_.allocator.allocate) == bool(options_.allocator.release),
+                "FusedMoe: DeviceAllocator needs both allocate and release (or neither)");
+  if (!options_.allocator.release) options_.allocator.release = [](void* p) { cudaFree(p); };
+  cap_.max_rows_per_rank = cap_.max_rows_per_rank == 0 ? default_rows(shape_, par_, cap_.max_tokens_per_rank)
+                                                       : round_up(cap_.max_rows_per_rank, kTileM);
+  set_dispatch_store_lag(options_.dispatch_store_lag);
+  options_.checking = options_.checking || checking_from_env();
+
+  const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
+  const size_t row_bytes = size_t(H) * 2;
+  x_sym_ = team_.alloc_symmetric(size_t(T) * row_bytes);
+  routing_sym_ = team_.alloc_symmetric(RoutingBufferLayout{T, shape_.topk}.bytes());
+  recv_sym_ = team_.alloc_symmetric(size_t(W) * T * row_bytes);
+  device_bytes_per_rank_ =
+      team_.symmetric_bytes(x_sym_) + team_.symmetric_bytes(routing_sym_) + team_.symmetric_bytes(recv_sym_);
+
+  const int rows = cap_.max_rows_per_rank;
+  const int max_tiles = rows / kTileM;
+  const int max_n_blocks = (H + 127) / 128;
+  COMET_CUDA_CHECK(cudaSetDevice(team_.device()));
+  for (int r : team_.local_ranks()) {
+    auto s = std::make_unique<RankState>();
+    s->rank = r;
+    s->stream = team_.stream(r);
+    s->release = options_.allocator.release;
+    s->plan = DevicePlan(PlanConfig{shape_, par_, r, kTileM, PlanCapacity{T, rows}});
+    s->a = alloc(*s, size_t(rows) * row_bytes);
+    s->hid = alloc(*s, size_t(rows) * par_.ffn_shard(shape_) * 2);
+    s->y = alloc(*s, size_t(rows) * row_bytes);
+    s->self_partial = alloc(*s, size_t(T) * row_bytes);
+    s->tile_ready = static_cast<int32_t*>(alloc(*s, size_t(max_tiles) * 4));
+    s->tile_arrived = static_cast<int32_t*>(alloc(*s, size_t(max_tiles) * 4));
+    s->tile_done = static_cast<int32_t*>(alloc(*s, size_t(max_tiles) * max_n_blocks * 4));
+    s->epoch = static_cast<int32_t*>(alloc(*s, 4));
+    s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, 2 * 4));
+    COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->joined, cudaEventDisableTiming));
+    ranks_.push_back(std::move(s));
+  }
+  // The zeroing above ran on the legacy stream; the ranks' non-blocking streams do not wait for it.
+  COMET_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+MoeEngine::~MoeEngine() {
+  for (const auto& s : ranks_) cudaStreamSynchronize(s->stream);
+}
+
+MoeEngine::RankState& MoeEngine::state(int rank) const {
+  for (const auto& s : ranks_)
+    if (s->rank == rank) return *s;
+  throw InvalidArgument(detail::concat("FusedMoe: rank ", rank, " is not driven by this process"));
+}
+
+void MoeEngine::set_dispatch_store_lag(int lag) {
+  COMET_REQUIRE(lag == 1 || lag == 2 || lag == 4 || lag == 8, "FusedMoe: dispatch_store_lag must be 1, 2, 4 or 8, got ",
+                lag);
+  options_.dispatch_store_lag = lag;
+}
+
+void MoeEngine::set_weights(int rank, const void* w0, const void* w1) {
+  COMET_REQUIRE(w0 && w1, "FusedMoe::set_weights: null weight pointer for rank ", rank);
+  COMET_REQUIRE(aligned(w0, 16) && aligned(w1, 16), "FusedMoe::set_weights: w0 and w1 of rank ", rank,
+                " must be 16-byte aligned (TMA)");
+  RankState& s = state(rank);
+  s.w0 = w0;
+  s.w1 = w1;
+}
+
+void MoeEngine::stage(int rank, const RankBatch& b) {
+  RankState& s = state(rank);
+  COMET_REQUIRE(b.tokens >= 0 && b.tokens <= cap_.max_tokens_per_rank, "FusedMoe: rank ", rank, " passes ", b.tokens,
+                " tokens; capacity is ", cap_.max_tokens_per_rank, " per rank");
+  COMET_REQUIRE(b.tokens == 0 || (b.x && b.ids && b.gates && b.out), "FusedMoe: rank ", rank,
+                " passes a null x/ids/gates/out pointer");
+  COMET_REQUIRE(b.ids_type == IdType::i32 || b.ids_type == IdType::i64, "FusedMoe: rank ", rank,
+                ": unknown expert id type ", int(b.ids_type));
+  COMET_REQUIRE(aligned(b.x, 16) && aligned(b.out, 16), "FusedMoe: rank ", rank,
+                ": x and out must be 16-byte aligned (vector copies)");
+  COMET_REQUIRE(aligned(b.ids, b.ids_type == IdType::i64 ? 8 : 4) && aligned(b.gates, 4), "FusedMoe: rank ", rank,
+                ": ids and gates must be aligned to their element size");
+  COMET_REQUIRE(s.w0 && s.w1, "FusedMoe: no weights set for rank ", rank);
+  s.x = b.x;
+  s.tokens = b.tokens;
+  const int H = shape_.hidden, k = shape_.topk;
+  const RoutingBufferLayout layout{cap_.max_tokens_per_rank, k};
+  char* routing = static_cast<char*>(team_.local_ptr(routing_sym_, rank));
+  kernels::store_word(reinterpret_cast<int32_t*>(routing), b.tokens, s.stream);
+  if (b.tokens == 0) return;
+  const size_t slots = size_t(b.tokens) * k;
+  int32_t* ids = reinterpret_cast<int32_t*>(routing + layout.ids_offset());
+  if (b.ids_type == IdType::i64) {
+    kernels::narrow_ids(static_cast<const int64_t*>(b.ids), ids, slots, s.stream);
+  } else {
+    COMET_CUDA_CHECK(cudaMemcpyAsync(ids, b.ids, slots * 4, cudaMemcpyDefault, s.stream));
+  }
+  COMET_CUDA_CHECK(cudaMemcpyAsync(routing + layout.gates_offset(), b.gates, slots * 4, cudaMemcpyDefault, s.stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(team_.local_ptr(x_sym_, rank), b.x, size_t(b.tokens) * H * 2, cudaMemcpyDefault,
+                                   s.stream));
+}
+
+void MoeEngine::prepare(int rank) {
+  RankState& s = state(rank);
+  s.plan.build(team_.peer_ptrs(routing_sym_, rank), s.stream);
+  kernels::advance_epoch(s.epoch, s.stream);
+  if (s.tokens > 0) {
+    kernels::scatter_local(s.x, s.a, shape_.hidden, shape_.topk, s.tokens * shape_.topk, s.plan.view(), s.stream);
+  }
+}
+
+void MoeEngine::advance_epoch(int rank) {
+  RankState& s = state(rank);
+  kernels::advance_epoch(s.epoch, s.stream);
+}
+
+const LaunchDecision& MoeEngine::decision(int layer, int rank, LayerMode mode, const LayerRequest& request) const {
+  return planner_.plan(layer, mode, state(rank).tokens, request).decision;
+}
+
+const LaunchDecision& MoeEngine::last_decision(int rank, int layer) const {
+  COMET_REQUIRE(layer == 0 || layer == 1, "FusedMoe: layer must be 0 or 1, got ", layer);
+  return state(rank).last[layer];
+}
+
+int MoeEngine::last_n_comm(int rank, int layer) const {
+  const RankState& s = state(rank);
+  const LaunchDecision& d = last_decision(rank, layer);
+  if (!d.adaptive) return d.n_comm;
+  int32_t n = 0;
+  COMET_CUDA_CHECK(cudaMemcpyAsync(&n, s.chosen_n_comm + layer, 4, cudaMemcpyDeviceToHost, s.stream));
+  COMET_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+  return n;
+}
+
+void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
+  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 0: a unit range needs comm_only mode");
+  RankState& s = state(rank);
+  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, request);
+  const LaunchDecision& d = planned.decision;
+  s.last[0] = d;
+  kernels::Layer0Launch l;
+  l.tile_n = d.tile_n;
+  l.w0 = s.w0;
+  l.n0 = is_gated(shape_.act) ? 2 * par_.ffn_shard(shape_) : par_.ffn_shard(shape_);
+  l.experts = par_.local_experts(shape_);
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.hid = s.hid;
+  l.hid_ld = par_.ffn_shard(shape_);
+  l.act = activation_op(shape_.act);
+  l.dispatch = kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, rank)),
+                                     static_cast<__nv_bfloat16*>(s.a),
+                                     shape_.hidden,
+                                     shape_.topk,
+                                     kTileM,
+                                     s.plan.view(),
+                                     s.tile_arrived,
+                                     s.tile_ready,
+                                     units.begin,
+                                     units.end,
+                                     options_.dispatch_store_lag};
+  l.epoch = s.epoch;
+  l.n_comm = d.n_comm;
+  l.adapt = planned.adapt;
+  l.adapt.chosen = s.chosen_n_comm;
+  l.m_group = d.m_group;
+  l.mode = mode;
+  l.team = team_.device_view(rank);
+  if (d.schedule == Schedule::sequential) {
+    // The pull runs first, as its own launch over the whole GPU; with one rank there is nothing to pull.
+    if (par_.world() > 1) {
+      l.mode = LayerMode::comm_only;
+      l.n_comm = d.resident_blocks;
+      kernels::launch_layer0(l, s.stream);
+    }
+    l.mode = LayerMode::gemm_only;
+  }
+  kernels::launch_layer0(l, s.stream);
+}
+
+void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
+  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 1: a unit range needs comm_only mode");
+  RankState& s = state(rank);
+  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, request);
+  const LaunchDecision& d = planned.decision;
+  s.last[1] = d;
+  const int H = shape_.hidden;
+  kernels::Layer1Launch l;
+  l.tile_n = d.tile_n;
+  l.hid = s.hid;
+  l.ffn_shard = par_.ffn_shard(shape_);
+  l.w1 = s.w1;
+  l.experts = par_.local_experts(shape_);
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.y = s.y;
+  l.tile_done = s.tile_done;
+  l.combine = kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
+                                   reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, rank)),
+                                   static_cast<__nv_bfloat16*>(s.self_partial),
+                                   H,
+                                   shape_.topk,
+                                   kTileM,
+                                   d.tile_n,
+                                   (H + d.tile_n - 1) / d.tile_n,
+                                   cap_.max_tokens_per_rank,
+                                   rank,
+                                   s.plan.view(),
+                                   s.tile_done,
+                                   units.begin,
+                                   units.end};
+  l.epoch = s.epoch;
+  l.n_comm = d.n_comm;
+  l.adapt = planned.adapt;
+  l.adapt.chosen = s.chosen_n_comm + 1;
+  l.m_group = d.m_group;
+  l.n_group = d.n_group;
+  l.mode = mode;
+  l.team = team_.device_view(rank);
+  if (d.schedule == Schedule::sequential) {
+    // No comm blocks inside the GEMM: the combine runs as a second launch over the whole GPU.
+    l.mode = LayerMode::gemm_only;
+    kernels::launch_layer1(l, s.stream);
+    l.mode = LayerMode::comm_only;
+    l.n_comm = d.resident_blocks;
+  }
+  kernels::launch_layer1(l, s.stream);
+}
+
+void MoeEngine::finish(int rank, const RankBatch& b) {
+  RankState& s = state(rank);
+  kernels::FinalReduceArgs f{};
+  f.recv = static_cast<const __nv_bfloat16*>(team_.local_ptr(recv_sym_, rank));
+  f.self_partial = static_cast<const __nv_bfloat16*>(s.self_partial);
+  f.ids = b.ids;
+  f.ids_64 = b.ids_type == IdType::i64;
+  f.out = static_cast<__nv_bfloat16*>(b.out);
+  f.tokens = b.tokens;
+  f.hidden = shape_.hidden;
+  f.topk = shape_.topk;
+  f.max_tokens = cap_.max_tokens_per_rank;
+  f.world = par_.world();
+  f.tp = par_.tp;
+  f.rank = rank;
+  f.local_experts = par_.local_experts(shape_);
+  f.num_experts = shape_.num_experts;
+  kernels::final_reduce(f, s.stream);
+}
+
+void MoeEngine::run(const std::vector<RankBatch>& batches) {
+  const std::vector<int> local = team_.local_ranks();
+  COMET_REQUIRE(batches.size() == local.size(), "FusedMoe::forward: ", batches.size(), " batches for ", local.size(),
+                " local ranks");
+  for (size_t i = 0; i < local.size(); ++i) stage(local[i], batches[i]);
+  team_.barrier();  // every rank's tokens and routing are in its exported buffers
+  for (int r : local) {
+    prepare(r);
+    layer0(r, LayerMode::fused, options_.layer0);
+    layer1(r, LayerMode::fused, options_.layer1);
+  }
+  team_.barrier();  // every rank has written its partial rows into the owners' receive slots
+  for (size_t i = 0; i < local.size(); ++i) finish(local[i], batches[i]);
+}
+
+void MoeEngine::forward(const std::vector<RankBatch>& batches) {
+  run(batches);
+  if (options_.checking) sync_and_check();
+}
+
+void MoeEngine::forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream) {
+  // Fork: every rank's stream waits for the caller's work so far; join: the caller's stream waits for
+  // every rank's. An event record / wait pair on each side, captured into a CUDA graph like the rest.
+  RankState& first = *ranks_.front();
+  COMET_CUDA_CHECK(cudaEventRecord(first.joined, stream));
+  for (const auto& s : ranks_)
+    if (s->stream != stream) COMET_CUDA_CHECK(cudaStreamWaitEvent(s->stream, first.joined, 0));
+  run(batches);
+  for (const auto& s : ranks_) {
+    if (s->stream == stream) continue;
+    COMET_CUDA_CHECK(cudaEventRecord(s->joined, s->stream));
+    COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, s->joined, 0));
+  }
+  if (options_.checking) sync_and_check();
+}
+
+void MoeEngine::sync_and_check() {
+  team_.synchronize();
+  for (const auto& s : ranks_) s->plan.check(s->stream);
+}
+
+const DevicePlan& MoeEngine::plan(int rank) const { return state(rank).plan; }
+void* MoeEngine::gathered(int rank) const { return state(rank).a; }
+void* MoeEngine::hidden(int rank) const { return state(rank).hid; }
+void* MoeEngine::expert_out(int rank) const { return state(rank).y; }
+
+// ---- FusedMoe: the public face of the engine --------------------------------------------------------
+
+FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const MoeCapacity& cap,
+                   const MoeOptions& options)
+    : engine_(std::make_unique<MoeEngine>(team, shape, par, cap, options)) {}
+FusedMoe::~FusedMoe() = default;
+
+void FusedMoe::set_weights(int rank, const void* w0, const void* w1) { engine_->set_weights(rank, w0, w1); }
+
+void FusedMoe::forward(const RankBatch& batch, cudaStream_t stream) {
+  const std::vector<int> local = engine_->team().local_ranks();
+  COMET_REQUIRE(local.size() == 1, "FusedMoe::forward(batch, stream): this process drives ", local.size(),
+                " ranks; pass one batch per rank");
+  engine_->forward_on({batch}, stream);
+}
+
+void FusedMoe::forward(const std::vector<RankBatch>& batches, cudaStream_t stream) {
+  engine_->forward_on(batches, stream);
+}
+
+void FusedMoe::sync_and_check() { engine_->sync_and_check(); }
+const LaunchDecision& FusedMoe::last_decision(int rank, int layer) const { return engine_->last_decision(rank, layer); }
+size_t FusedMoe::device_bytes_per_rank() const { return engine_->device_bytes_per_rank(); }
+const MoeShape& FusedMoe::shape() const { return engine_->shape(); }
+const Parallel& FusedMoe::parallel() const { return engine_->parallel(); }
+const MoeCapacity& FusedMoe::capacity() const { return engine_->capacity(); }
+const MoeOptions& FusedMoe::options() const { return engine_->options(); }
+Team& FusedMoe::team() const { return engine_->team(); }
+
+}  // namespace comet

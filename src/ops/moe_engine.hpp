@@ -1,0 +1,96 @@
+// MoeEngine: the fused MoE layer step by step, for every rank this process drives. FusedMoe (the public
+// API) runs it as one call on the caller's stream; the baselines, the benchmark and the tests drive the
+// steps themselves (stage, prepare, layer0, layer1, finish) on the team's per-rank streams.
+//
+//   stage     x and routing into the rank's exported buffers (then a team barrier)
+//   prepare   device plan, new epoch, local rows into A
+//   layer0    dispatch + GEMM0 + activation (fused kernel; or the sequential schedule)
+//   layer1    GEMM1 + weighted top-k combine into the owners' receive slots (then a team barrier)
+//   finish    each rank sums its tokens' partial rows in rank order (bitwise reproducible)
+//
+// Internal: not a stable interface.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <memory>
+#include <vector>
+
+#include "comet/device_plan.hpp"
+#include "comet/fused_moe.hpp"
+#include "tune/launch_planner.hpp"
+
+namespace comet {
+
+// A sub-range of the plan's units (baselines that pipeline the layer in chunks); {-1, -1}: all.
+struct UnitRange {
+  int begin = -1;
+  int end = -1;
+  bool all() const { return begin < 0 && end < 0; }
+};
+
+class MoeEngine {
+ public:
+  MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, const MoeCapacity& cap, const MoeOptions& options);
+  ~MoeEngine();
+  MoeEngine(const MoeEngine&) = delete;
+  MoeEngine& operator=(const MoeEngine&) = delete;
+
+  void set_weights(int rank, const void* w0, const void* w1);
+
+  // The whole layer for every local rank on the team's streams; batches[i] is team.local_ranks()[i]'s.
+  void forward(const std::vector<RankBatch>& batches);
+  // The same, ordered on `stream`: the team's streams wait for it first, and it waits for them after.
+  void forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream);
+
+  // ---- the steps, per local rank --------------------------------------------------------------------
+  void stage(int rank, const RankBatch& batch);
+  void prepare(int rank);
+  // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).
+  void layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
+  void layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
+  void finish(int rank, const RankBatch& batch);
+  void advance_epoch(int rank);  // a new generation for flags (benchmarks re-running a layer)
+  void sync_and_check();
+
+  // The planner's decision for a launch of `rank`'s staged batch.
+  const LaunchDecision& decision(int layer, int rank, LayerMode mode, const LayerRequest& request) const;
+  const LaunchDecision& last_decision(int rank, int layer) const;
+  // Comm blocks of the last launch of a layer: the kernel's adaptive pick where it adapted (synchronises
+  // the rank's stream), else the decision's.
+  int last_n_comm(int rank, int layer) const;
+  const LaunchPlanner& planner() const { return planner_; }
+  int resident_blocks(int layer, int tile_n) const { return planner_.resident_blocks(layer, tile_n); }
+
+  // ---- introspection -----------------------------------------------------------------------------
+  const MoeShape& shape() const { return shape_; }
+  const Parallel& parallel() const { return par_; }
+  const MoeCapacity& capacity() const { return cap_; }
+  const MoeOptions& options() const { return options_; }
+  void set_dispatch_store_lag(int lag);
+  Team& team() const { return team_; }
+  const DevicePlan& plan(int rank) const;
+  size_t device_bytes_per_rank() const { return device_bytes_per_rank_; }
+  // Per-rank device buffers (rows laid out by the plan); baselines write them with their own GEMMs.
+  void* gathered(int rank) const;    // A [rows_cap][H]
+  void* hidden(int rank) const;      // layer 0 output [rows_cap][F/tp]
+  void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
+
+ private:
+  struct RankState;
+  RankState& state(int rank) const;
+  void run(const std::vector<RankBatch>& batches);  // forward's launches, without the check
+  void* alloc(RankState& s, size_t bytes);
+
+  Team& team_;
+  MoeShape shape_;
+  Parallel par_;
+  MoeCapacity cap_;
+  MoeOptions options_;
+  SymmetricId x_sym_, routing_sym_, recv_sym_;
+  LaunchPlanner planner_;
+  size_t device_bytes_per_rank_ = 0;
+  std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
+};
+
+}  // namespace comet

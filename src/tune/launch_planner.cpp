@@ -1,0 +1,151 @@
+// The launch planner (launch_planner.hpp): every rule that shapes a fused launch, in one place.
+#include "tune/launch_planner.hpp"
+
+#include <algorithm>
+
+#include "comet/common.hpp"
+
+namespace comet {
+
+namespace {
+
+constexpr int kTileM = 128;     // every compiled tile is 128 rows (the plan's tile_m)
+constexpr int kMaxGroup = 1024;  // m_group / n_group: far above any useful value, far below int overflow
+
+bool is_compiled_tile(int layer, int tile_n) { return tile_n == 128 || tile_n == 256 || (layer == 0 && tile_n == 192); }
+
+int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+LaunchPlanner::LaunchPlanner(const MoeShape& shape, const Parallel& par, Link link, DeviceCaps caps, TuneTable table,
+                             bool adaptive_split)
+    : shape_(shape), par_(par), link_(link), caps_(std::move(caps)), table_(std::move(table)), adaptive_(adaptive_split) {}
+
+TuneKey LaunchPlanner::key(int layer, int tokens, int load) const {
+  TuneKey k;
+  k.gpu = caps_.gpu;
+  k.sms = caps_.sms;
+  k.layer = layer;
+  k.hidden = shape_.hidden;
+  k.ffn = shape_.ffn;
+  k.experts = shape_.num_experts;
+  k.topk = shape_.topk;
+  k.world = par_.world();
+  k.ep = par_.ep;
+  k.tp = par_.tp;
+  k.link = link_;
+  k.tokens_bucket = tokens_bucket(tokens);
+  k.load = load;
+  return k;
+}
+
+int LaunchPlanner::resident_blocks(int layer, int tile_n) const {
+  const auto id = std::make_pair(layer, tile_n);
+  if (const auto it = resident_.find(id); it != resident_.end()) return it->second;
+  return resident_[id] = caps_.resident_blocks(layer, tile_n);
+}
+
+const PlannedLaunch& LaunchPlanner::plan(int layer, LayerMode mode, int tokens, const LayerRequest& request) const {
+  const Key id{layer, int(mode), tokens, request.tile_n.value_or(-1), request.n_comm.value_or(-1),
+               request.m_group.value_or(-1), request.n_group.value_or(-1)};
+  if (const auto it = memo_.find(id); it != memo_.end()) return it->second;
+  // A bound on the memo for callers whose token count changes every step (a few kB per entry).
+  if (memo_.size() >= 4096) memo_.clear();
+  return memo_.emplace(id, decide(layer, mode, tokens, request)).first->second;
+}
+
+PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const LayerRequest& request) const {
+  const char* name = layer == 0 ? "layer 0" : "layer 1";
+  COMET_REQUIRE(layer == 0 || layer == 1, "launch planner: layer must be 0 or 1, got ", layer);
+  COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n), "FusedMoe ", name,
+                ": tile_n must be 128", layer == 0 ? ", 192" : "", " or 256, got ", request.tile_n.value_or(0));
+  COMET_REQUIRE(!request.n_comm || *request.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0, got ",
+                request.n_comm.value_or(0));
+  COMET_REQUIRE(!request.m_group || (*request.m_group >= 1 && *request.m_group <= kMaxGroup), "FusedMoe ", name,
+                ": m_group must be in [1, ", kMaxGroup, "], got ", request.m_group.value_or(0));
+  COMET_REQUIRE(!request.n_group || (*request.n_group >= 1 && *request.n_group <= kMaxGroup), "FusedMoe ", name,
+                ": n_group must be in [1, ", kMaxGroup, "], got ", request.n_group.value_or(0));
+
+  const int picked_tokens = std::max(1, tokens);
+  LayerVariant v;
+  LaunchDecision d;
+  d.layer = layer;
+  d.mode = mode;
+  if (request.tile_n && request.n_comm) {
+    v = LayerVariant{*request.tile_n, *request.n_comm, request.m_group.value_or(0), request.n_group.value_or(1)};
+    d.picked_by = "forced";
+  } else {
+    const TunedVariant t = pick_variant(table_, key(layer, picked_tokens),
+                                        expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256)),
+                                        request);
+    v = t.variant;
+    d.picked_by = t.picked_by;
+    COMET_REQUIRE(is_compiled_tile(layer, v.tile_n), "FusedMoe ", name, ": the tuner's table asks for tile_n ",
+                  v.tile_n, ", which is not compiled");
+    if (!request.n_comm) {
+      // The pick must leave compute blocks on this device (a table from another GPU could ask for more);
+      // with one rank layer 0 has nothing to pull.
+      v.n_comm = std::min(v.n_comm, resident_blocks(layer, v.tile_n) - 1);
+      if (par_.world() == 1 && layer == 0) v.n_comm = 0;
+    }
+  }
+  d.tile_n = v.tile_n;
+  d.resident_blocks = resident_blocks(layer, v.tile_n);
+  COMET_REQUIRE(v.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0, got ", v.n_comm, " (", d.picked_by, ")");
+  COMET_REQUIRE(mode == LayerMode::gemm_only || v.n_comm < d.resident_blocks, "FusedMoe ", name, ": n_comm ",
+                v.n_comm, " leaves no compute block (", d.resident_blocks, " resident blocks)");
+  COMET_REQUIRE(v.m_group >= 0 && v.m_group <= kMaxGroup && v.n_group >= 1 && v.n_group <= kMaxGroup, "FusedMoe ",
+                name, ": m_group ", v.m_group, " / n_group ", v.n_group, " out of range (", d.picked_by, ")");
+  d.n_comm = v.n_comm;
+  d.schedule = mode == LayerMode::fused && v.n_comm == 0 ? Schedule::sequential : Schedule::fused;
+  d.n_group = v.n_group;
+  d.m_group = v.m_group > 0 ? v.m_group : m_group_rule(layer, mode, tokens, d);
+
+  PlannedLaunch p;
+  p.decision = d;
+  // The kernel re-picks n_comm only where the tuner chose it and the launch has comm blocks inside the
+  // GEMM (the sequential schedule is a host-side choice).
+  if (adaptive_ && mode == LayerMode::fused && !request.n_comm && d.n_comm > 0) {
+    p.adapt = adaptive_split(layer, picked_tokens, d);
+    p.decision.adaptive = true;
+  }
+  return p;
+}
+
+// m_group, when nobody set it: about one wave of work items (m_group x column blocks ~ compute blocks),
+// and more where the layer has many M-tiles, so that B crosses HBM (M-tiles / m_group) times rather than
+// once per wave (docs/design-changes.md has the measurements).
+//  * Without waits (gemm_only, comm_only, layer 0's GEMM in the sequential schedule): at least as many
+//    M-tiles as a quarter of L2 holds of A.
+//  * Fused layer 0 (groups follow arrival): the L2 rule made blocks wait on tiles that had not arrived,
+//    so the group also stays under 1/16 of the expected M-tiles. Fused layer 1: one wave (its comm
+//    blocks ship column groups as they finish).
+int LaunchPlanner::m_group_rule(int layer, LayerMode mode, int tokens, const LaunchDecision& d) const {
+  const int compute_blocks = d.resident_blocks - d.n_comm;
+  const int n0 = par_.ffn_shard(shape_) * (is_gated(shape_.act) ? 2 : 1);
+  const int blocks_per_m_tile =
+      layer == 0 ? ceil_div(n0, d.tile_n) : std::min(d.n_group, ceil_div(shape_.hidden, d.tile_n));
+  const size_t a_tile_bytes = size_t(kTileM) * (layer == 0 ? shape_.hidden : par_.ffn_shard(shape_)) * 2;
+  const int wave = ceil_div(compute_blocks, std::max(1, blocks_per_m_tile));
+  const int l2_fit = int(caps_.l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
+  const bool fused_rule = mode == LayerMode::fused && (layer == 1 || d.n_comm > 0);
+  const int expected_m_tiles = layer == 0 ? int(expected_rows(shape_, par_, tokens) / kTileM) : 0;
+  const int larger = fused_rule ? std::min(l2_fit, expected_m_tiles / 16) : l2_fit;
+  return std::clamp(std::max(wave, larger), 1, 16);
+}
+
+// What the kernel needs to re-pick n_comm from the batch's plan (adaptive_split.hpp): the table's pick
+// per load class for this tile (only entries with comm blocks: the sequential schedule is another
+// launch) and the cost model of this device.
+AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchDecision& d) const {
+  int by_load[kLoadClasses] = {};
+  for (int c = 1; c < kLoadClasses; ++c) {
+    const TuneEntry* e = table_.find(key(layer, tokens, 1 << c));
+    if (e && e->variant.tile_n == d.tile_n && e->variant.n_comm > 0)
+      by_load[c] = std::min(e->variant.n_comm, d.resident_blocks - 1);
+  }
+  return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load);
+}
+
+}  // namespace comet

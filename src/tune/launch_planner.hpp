@@ -1,0 +1,74 @@
+// LaunchPlanner: the one place that decides how a fused layer is launched. It turns (layer, mode,
+// tokens per rank, the caller's request) into a LaunchDecision: schedule (fused or sequential), tile,
+// comm blocks, rasterisation groups, and whether the kernel may re-pick its split on the device
+// (adaptive split). Each decision is made once and memoised by everything it depends on; the rest of
+// comet only executes decisions.
+//
+//   request field set   -> obeyed (checked against the compiled tiles and this device's resident grid)
+//   request field empty -> tuner table (TuneKey of the launch), else the cost model; m_group by the
+//                          rasterisation rule below
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <tuple>
+
+#include "comet/shape.hpp"
+#include "comet/team.hpp"
+#include "comet/tune.hpp"
+#include "comet/variant.hpp"
+#include "tune/adaptive_split.hpp"
+
+namespace comet {
+
+// What the planner knows of the device. resident_blocks(layer, tile_n): the largest grid of that
+// compiled kernel that is entirely resident at once (queried from the kernels, once per tile).
+struct DeviceCaps {
+  std::string gpu;
+  int sms = 0;
+  size_t l2_bytes = 0;
+  std::function<int(int layer, int tile_n)> resident_blocks;
+};
+
+// A decision and, for a fused launch whose split may adapt, what the kernel needs to re-pick it (the
+// launcher fills in its per-rank `chosen` word).
+struct PlannedLaunch {
+  LaunchDecision decision;
+  AdaptiveSplit adapt;
+};
+
+class LaunchPlanner {
+ public:
+  LaunchPlanner(const MoeShape& shape, const Parallel& par, Link link, DeviceCaps caps, TuneTable table,
+                bool adaptive_split);
+
+  // The decision for a launch of `layer` in `mode` with `tokens` on this rank (memoised). Raises
+  // InvalidArgument for a request the compiled kernels or this device cannot run.
+  const PlannedLaunch& plan(int layer, LayerMode mode, int tokens, const LayerRequest& request) const;
+
+  // The tuner's key of a launch (load: the batch's load class, 1 for the host's own picks).
+  TuneKey key(int layer, int tokens, int load = 1) const;
+  const TuneTable& table() const { return table_; }
+  const CostModel model() const { return table_.model(caps_.gpu, link_); }
+  int resident_blocks(int layer, int tile_n) const;
+  const DeviceCaps& caps() const { return caps_; }
+
+ private:
+  PlannedLaunch decide(int layer, LayerMode mode, int tokens, const LayerRequest& request) const;
+  int m_group_rule(int layer, LayerMode mode, int tokens, const LaunchDecision& d) const;
+  AdaptiveSplit adaptive_split(int layer, int tokens, const LaunchDecision& d) const;
+
+  MoeShape shape_;
+  Parallel par_;
+  Link link_;
+  DeviceCaps caps_;
+  TuneTable table_;
+  bool adaptive_;
+  // (layer, mode, tokens, tile_n, n_comm, m_group, n_group); an empty request field is -1.
+  using Key = std::tuple<int, int, int, int, int, int, int>;
+  mutable std::map<Key, PlannedLaunch> memo_;
+  mutable std::map<std::pair<int, int>, int> resident_;  // (layer, tile_n) -> blocks
+};
+
+}  // namespace comet

@@ -1,0 +1,152 @@
+// The launch planner on the host: every rule that shapes a launch (forced fields, table, cost model,
+// clamps, schedule, rasterisation group, adaptive split) with a stand-in device of 132 SMs.
+#include <gtest/gtest.h>
+
+#include "tune/launch_planner.hpp"
+
+using namespace comet;
+
+namespace {
+
+const MoeShape kMixtral{4096, 14336, 8, 2, Activation::swiglu};
+
+DeviceCaps h200_like(int* queries = nullptr) {
+  DeviceCaps c;
+  c.gpu = "TestGPU";
+  c.sms = 132;
+  c.l2_bytes = 60u << 20;
+  c.resident_blocks = [queries](int, int) {
+    if (queries) ++*queries;
+    return 132;
+  };
+  return c;
+}
+
+LaunchPlanner planner(const Parallel& par, TuneTable table = {}, bool adaptive = true, int* queries = nullptr) {
+  return LaunchPlanner(kMixtral, par, Link::host, h200_like(queries), std::move(table), adaptive);
+}
+
+LayerRequest tile(int tile_n) {
+  LayerRequest r;
+  r.tile_n = tile_n;
+  return r;
+}
+
+TEST(LaunchPlanner, ForcedRequestIsObeyed) {
+  const LaunchPlanner p = planner(Parallel{8, 1});
+  LayerRequest r = LayerRequest::forced(128, 5);
+  r.m_group = 3;
+  r.n_group = 2;
+  const LaunchDecision& d = p.plan(1, LayerMode::fused, 4096, r).decision;
+  EXPECT_STREQ(d.picked_by, "forced");
+  EXPECT_EQ(d.tile_n, 128);
+  EXPECT_EQ(d.n_comm, 5);
+  EXPECT_EQ(d.m_group, 3);
+  EXPECT_EQ(d.n_group, 2);
+  EXPECT_EQ(d.schedule, Schedule::fused);
+  EXPECT_EQ(d.resident_blocks, 132);
+  EXPECT_FALSE(d.adaptive);  // the caller chose n_comm: the kernel keeps it
+}
+
+TEST(LaunchPlanner, TableThenCostModelAndEveryRequestFieldKept) {
+  TuneTable t;
+  LaunchPlanner probe = planner(Parallel{8, 1});
+  t.put(probe.key(0, 4096), TuneEntry{LayerVariant{128, 200, 0, 1}, 1.0});  // n_comm above the grid
+  const LaunchPlanner p = planner(Parallel{8, 1}, t);
+  const LaunchDecision& hit = p.plan(0, LayerMode::fused, 4096, LayerRequest{}).decision;
+  EXPECT_STREQ(hit.picked_by, "table");
+  EXPECT_EQ(hit.tile_n, 128);
+  EXPECT_EQ(hit.n_comm, 131);  // clamped: leaves one compute block
+  EXPECT_TRUE(hit.adaptive);
+  LayerRequest group = tile(256);
+  group.m_group = 7;
+  const LaunchDecision& g = p.plan(0, LayerMode::fused, 4096, group).decision;
+  EXPECT_EQ(g.tile_n, 256);
+  EXPECT_EQ(g.m_group, 7);  // a table hit no longer drops a requested m_group
+  const LaunchDecision& miss = p.plan(0, LayerMode::fused, 16384, LayerRequest{}).decision;
+  EXPECT_STREQ(miss.picked_by, "cost_model");
+  EXPECT_GE(miss.n_comm, 0);
+}
+
+TEST(LaunchPlanner, MemoKeysOnEveryRequestField) {
+  int queries = 0;
+  const LaunchPlanner p = planner(Parallel{8, 1}, {}, true, &queries);
+  LayerRequest a = tile(256), b = tile(256);
+  a.m_group = 2;
+  b.m_group = 9;
+  const LaunchDecision& da = p.plan(0, LayerMode::fused, 4096, a).decision;
+  const LaunchDecision& db = p.plan(0, LayerMode::fused, 4096, b).decision;
+  EXPECT_EQ(da.m_group, 2);
+  EXPECT_EQ(db.m_group, 9);  // the first caller's knobs are not handed to the second
+  EXPECT_EQ(&da, &p.plan(0, LayerMode::fused, 4096, a).decision);  // made once, then found
+  EXPECT_EQ(queries, 1);                                           // the device is asked once per (layer, tile)
+  EXPECT_NE(&da, &p.plan(0, LayerMode::fused, 4097, a).decision);  // tokens are part of the key
+}
+
+TEST(LaunchPlanner, SequentialScheduleAndSingleRank) {
+  const LaunchPlanner p = planner(Parallel{8, 1});
+  const LaunchDecision& seq = p.plan(0, LayerMode::fused, 4096, LayerRequest::forced(256, 0)).decision;
+  EXPECT_EQ(seq.schedule, Schedule::sequential);
+  EXPECT_EQ(seq.n_comm, 0);
+  EXPECT_FALSE(seq.adaptive);
+  // One rank: layer 0 has nothing to pull, so the tuner's pick becomes the sequential schedule.
+  const LaunchPlanner one = planner(Parallel{1, 1});
+  const LaunchDecision& d = one.plan(0, LayerMode::fused, 4096, tile(256)).decision;
+  EXPECT_EQ(d.n_comm, 0);
+  EXPECT_EQ(d.schedule, Schedule::sequential);
+  // gemm_only with a comm count at the grid is fine (no comm blocks run); fused is not.
+  EXPECT_NO_THROW(p.plan(0, LayerMode::gemm_only, 4096, LayerRequest::forced(256, 132)));
+  EXPECT_THROW(p.plan(0, LayerMode::fused, 4096, LayerRequest::forced(256, 132)), InvalidArgument);
+}
+
+TEST(LaunchPlanner, RejectsWhatNoKernelRuns) {
+  const LaunchPlanner p = planner(Parallel{8, 1});
+  EXPECT_THROW(p.plan(1, LayerMode::fused, 64, LayerRequest::forced(192, 2)), InvalidArgument);  // layer 0 only
+  EXPECT_THROW(p.plan(0, LayerMode::fused, 64, LayerRequest::forced(160, 2)), InvalidArgument);
+  EXPECT_THROW(p.plan(0, LayerMode::fused, 64, LayerRequest::forced(256, -1)), InvalidArgument);
+  LayerRequest r = LayerRequest::forced(256, 2);
+  r.m_group = 0;
+  EXPECT_THROW(p.plan(0, LayerMode::fused, 64, r), InvalidArgument);
+  r.m_group = 2000;
+  EXPECT_THROW(p.plan(0, LayerMode::fused, 64, r), InvalidArgument);
+  r.m_group.reset();
+  r.n_group = 0;
+  EXPECT_THROW(p.plan(1, LayerMode::fused, 64, r), InvalidArgument);
+  EXPECT_THROW(p.plan(2, LayerMode::fused, 64, LayerRequest{}), InvalidArgument);
+  // A table entry that is not compiled is reported as the table's fault.
+  TuneTable bad;
+  bad.put(p.key(1, 4096), TuneEntry{LayerVariant{192, 4, 0, 1}, 1.0});
+  const LaunchPlanner q = planner(Parallel{8, 1}, bad);
+  EXPECT_THROW(q.plan(1, LayerMode::fused, 4096, LayerRequest{}), InvalidArgument);
+}
+
+// m_group when nobody sets it: a wave of work items, the L2 rule without waits, capped by 1/16 of the
+// expected M-tiles in the fused layer 0, and at most 16.
+TEST(LaunchPlanner, RasterisationRule) {
+  const LaunchPlanner p = planner(Parallel{8, 1});
+  // Mixtral ep8: W0 shard 2 x 14336 -> 112 column blocks of 256; a wave of 130 compute blocks is 2 M-tiles.
+  const LaunchDecision& small = p.plan(0, LayerMode::fused, 1024, LayerRequest::forced(256, 2)).decision;
+  EXPECT_EQ(small.m_group, 2);
+  // gemm_only: L2 / 4 over a 1 MB A tile is 15 M-tiles.
+  const LaunchDecision& gemm = p.plan(0, LayerMode::gemm_only, 1024, LayerRequest::forced(256, 2)).decision;
+  EXPECT_EQ(gemm.m_group, 15);
+  // fused at 16384 tokens: 32768 expected rows / 128 = 256 M-tiles, /16 = 16, min(L2 rule 15).
+  const LaunchDecision& large = p.plan(0, LayerMode::fused, 16384, LayerRequest::forced(256, 2)).decision;
+  EXPECT_EQ(large.m_group, 15);
+  // Layer 1 fused: one wave (n_group 1: one column block per M-tile -> 128 M-tiles), capped at 16.
+  const LaunchDecision& l1 = p.plan(1, LayerMode::fused, 4096, LayerRequest::forced(256, 4)).decision;
+  EXPECT_EQ(l1.m_group, 16);
+}
+
+TEST(LaunchPlanner, AdaptiveSplitOnlyWhereTheTunerChoseTheCommBlocks) {
+  const LaunchPlanner on = planner(Parallel{8, 1});
+  const PlannedLaunch& tuned = on.plan(1, LayerMode::fused, 4096, tile(256));
+  EXPECT_EQ(tuned.decision.adaptive, tuned.decision.n_comm > 0);
+  EXPECT_EQ(tuned.adapt.enabled, tuned.decision.adaptive ? 1 : 0);
+  EXPECT_EQ(tuned.adapt.n_host, tuned.decision.n_comm);
+  EXPECT_FALSE(on.plan(1, LayerMode::comm_only, 4096, tile(256)).decision.adaptive);
+  const LaunchPlanner off = planner(Parallel{8, 1}, {}, false);
+  EXPECT_FALSE(off.plan(1, LayerMode::fused, 4096, tile(256)).decision.adaptive);
+}
+
+}  // namespace

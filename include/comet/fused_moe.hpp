@@ -72,6 +72,9 @@ struct RankBatch {
   const float* gates = nullptr;  // [tokens][k] gate weights
   void* out = nullptr;          // [tokens][H] bf16
   IdType ids_type = IdType::i32;
+  // Optional: where layer 0 writes (and layer 1 reads) the hidden rows, [max_rows][F/tp] bf16 in the
+  // plan's layout; null: the layer's own buffer. Lets a framework own them (the split layer ops).
+  void* hidden = nullptr;
 };
 
 class FusedMoe {
@@ -84,6 +87,7 @@ class FusedMoe {
 
   // Expert weights of a local rank, in the layout of weight_layout.hpp (device pointers, bf16):
   // w0 [E_l][w0 rows of the shard][H], w1 [E_l][H][F/tp]. Kept by pointer: they must outlive the calls.
+  // A null pointer keeps that layer's current weights (the split layer calls pass one at a time).
   void set_weights(int rank, const void* w0, const void* w1);
 
   // The layer for this process's one rank (IpcTeam, or a team of one), ordered on `stream`.
@@ -91,6 +95,10 @@ class FusedMoe {
   // The layer for every local rank (batches[i] belongs to team.local_ranks()[i]), ordered on `stream`
   // (nullptr: the legacy default stream).
   void forward(const std::vector<RankBatch>& batches, cudaStream_t stream = nullptr);
+  // The layer in two calls on `stream`: dispatch + GEMM0 + activation, then GEMM1 + combine. The second
+  // uses the routing the first staged (the same ranks' batches, token counts and ids; out is written).
+  void forward_layer0(const std::vector<RankBatch>& batches, cudaStream_t stream = nullptr);
+  void forward_layer1(const std::vector<RankBatch>& batches, cudaStream_t stream = nullptr);
 
   // Synchronises the local ranks and raises what the device reported (timeouts, bad routing).
   void sync_and_check();

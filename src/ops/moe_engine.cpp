@@ -65,7 +65,8 @@ struct MoeEngine::RankState {
   cudaStream_t stream = nullptr;
   DevicePlan plan;
   void* a = nullptr;             // [rows_cap][H]
-  void* hid = nullptr;           // [rows_cap][F_s]
+  void* hid = nullptr;           // [rows_cap][F_s] the layer's own hidden rows
+  void* hid_call = nullptr;      // the call's hidden rows (RankBatch::hidden), else hid
   void* y = nullptr;             // [rows_cap][H]
   void* self_partial = nullptr;  // [T_cap][H]
   int32_t* tile_ready = nullptr;    // [max_tiles]
@@ -146,6 +147,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     s->plan = DevicePlan(PlanConfig{shape_, par_, r, kTileM, PlanCapacity{T, rows}});
     s->a = alloc(*s, size_t(rows) * row_bytes);
     s->hid = alloc(*s, size_t(rows) * par_.ffn_shard(shape_) * 2);
+    s->hid_call = s->hid;
     s->y = alloc(*s, size_t(rows) * row_bytes);
     s->self_partial = alloc(*s, size_t(T) * row_bytes);
     s->tile_ready = static_cast<int32_t*>(alloc(*s, size_t(max_tiles) * 4));
@@ -177,12 +179,12 @@ void MoeEngine::set_dispatch_store_lag(int lag) {
 }
 
 void MoeEngine::set_weights(int rank, const void* w0, const void* w1) {
-  COMET_REQUIRE(w0 && w1, "FusedMoe::set_weights: null weight pointer for rank ", rank);
+  COMET_REQUIRE(w0 || w1, "FusedMoe::set_weights: null weight pointers for rank ", rank);
   COMET_REQUIRE(aligned(w0, 16) && aligned(w1, 16), "FusedMoe::set_weights: w0 and w1 of rank ", rank,
                 " must be 16-byte aligned (TMA)");
   RankState& s = state(rank);
-  s.w0 = w0;
-  s.w1 = w1;
+  if (w0) s.w0 = w0;
+  if (w1) s.w1 = w1;
 }
 
 void MoeEngine::stage(int rank, const RankBatch& b) {
@@ -193,13 +195,14 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
                 " passes a null x/ids/gates/out pointer");
   COMET_REQUIRE(b.ids_type == IdType::i32 || b.ids_type == IdType::i64, "FusedMoe: rank ", rank,
                 ": unknown expert id type ", int(b.ids_type));
-  COMET_REQUIRE(aligned(b.x, 16) && aligned(b.out, 16), "FusedMoe: rank ", rank,
-                ": x and out must be 16-byte aligned (vector copies)");
+  COMET_REQUIRE(aligned(b.x, 16) && aligned(b.out, 16) && aligned(b.hidden, 16), "FusedMoe: rank ", rank,
+                ": x, out and hidden must be 16-byte aligned (vector copies, TMA)");
   COMET_REQUIRE(aligned(b.ids, b.ids_type == IdType::i64 ? 8 : 4) && aligned(b.gates, 4), "FusedMoe: rank ", rank,
                 ": ids and gates must be aligned to their element size");
-  COMET_REQUIRE(s.w0 && s.w1, "FusedMoe: no weights set for rank ", rank);
+  COMET_REQUIRE(s.w0, "FusedMoe: no weights (w0) set for rank ", rank);
   s.x = b.x;
   s.tokens = b.tokens;
+  s.hid_call = b.hidden ? b.hidden : s.hid;
   const int H = shape_.hidden, k = shape_.topk;
   const RoutingBufferLayout layout{cap_.max_tokens_per_rank, k};
   char* routing = static_cast<char*>(team_.local_ptr(routing_sym_, rank));
@@ -262,7 +265,7 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   l.n0 = is_gated(shape_.act) ? 2 * par_.ffn_shard(shape_) : par_.ffn_shard(shape_);
   l.experts = par_.local_experts(shape_);
   l.rows_cap = cap_.max_rows_per_rank;
-  l.hid = s.hid;
+  l.hid = s.hid_call;
   l.hid_ld = par_.ffn_shard(shape_);
   l.act = activation_op(shape_.act);
   l.dispatch = kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, rank)),
@@ -298,13 +301,14 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
 void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 1: a unit range needs comm_only mode");
   RankState& s = state(rank);
+  COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
   const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, request);
   const LaunchDecision& d = planned.decision;
   s.last[1] = d;
   const int H = shape_.hidden;
   kernels::Layer1Launch l;
   l.tile_n = d.tile_n;
-  l.hid = s.hid;
+  l.hid = s.hid_call;
   l.ffn_shard = par_.ffn_shard(shape_);
   l.w1 = s.w1;
   l.experts = par_.local_experts(shape_);
@@ -363,34 +367,47 @@ void MoeEngine::finish(int rank, const RankBatch& b) {
   kernels::final_reduce(f, s.stream);
 }
 
-void MoeEngine::run(const std::vector<RankBatch>& batches) {
+void MoeEngine::run(const std::vector<RankBatch>& batches, Part part) {
   const std::vector<int> local = team_.local_ranks();
   COMET_REQUIRE(batches.size() == local.size(), "FusedMoe::forward: ", batches.size(), " batches for ", local.size(),
                 " local ranks");
-  for (size_t i = 0; i < local.size(); ++i) stage(local[i], batches[i]);
-  team_.barrier();  // every rank's tokens and routing are in its exported buffers
-  for (int r : local) {
-    prepare(r);
-    layer0(r, LayerMode::fused, options_.layer0);
-    layer1(r, LayerMode::fused, options_.layer1);
+  if (part != Part::layer1) {
+    for (size_t i = 0; i < local.size(); ++i) stage(local[i], batches[i]);
+    team_.barrier();  // every rank's tokens and routing are in its exported buffers
+    for (int r : local) {
+      prepare(r);
+      layer0(r, LayerMode::fused, options_.layer0);
+    }
+  }
+  if (part == Part::layer0) return;
+  for (size_t i = 0; i < local.size(); ++i) {
+    RankState& s = state(local[i]);
+    const RankBatch& b = batches[i];
+    if (part == Part::layer1) {  // the routing is layer 0's; this call may move the hidden rows
+      COMET_REQUIRE(b.tokens == s.tokens, "FusedMoe::forward_layer1: rank ", local[i], " passes ", b.tokens,
+                    " tokens, its layer 0 staged ", s.tokens);
+      COMET_REQUIRE(aligned(b.hidden, 16), "FusedMoe: rank ", local[i], ": hidden must be 16-byte aligned");
+      s.hid_call = b.hidden ? b.hidden : s.hid;
+    }
+    layer1(local[i], LayerMode::fused, options_.layer1);
   }
   team_.barrier();  // every rank has written its partial rows into the owners' receive slots
   for (size_t i = 0; i < local.size(); ++i) finish(local[i], batches[i]);
 }
 
 void MoeEngine::forward(const std::vector<RankBatch>& batches) {
-  run(batches);
+  run(batches, Part::whole);
   if (options_.checking) sync_and_check();
 }
 
-void MoeEngine::forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream) {
+void MoeEngine::forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream, Part part) {
   // Fork: every rank's stream waits for the caller's work so far; join: the caller's stream waits for
   // every rank's. An event record / wait pair on each side, captured into a CUDA graph like the rest.
   RankState& first = *ranks_.front();
   COMET_CUDA_CHECK(cudaEventRecord(first.joined, stream));
   for (const auto& s : ranks_)
     if (s->stream != stream) COMET_CUDA_CHECK(cudaStreamWaitEvent(s->stream, first.joined, 0));
-  run(batches);
+  run(batches, part);
   for (const auto& s : ranks_) {
     if (s->stream == stream) continue;
     COMET_CUDA_CHECK(cudaEventRecord(s->joined, s->stream));
@@ -427,6 +444,14 @@ void FusedMoe::forward(const RankBatch& batch, cudaStream_t stream) {
 
 void FusedMoe::forward(const std::vector<RankBatch>& batches, cudaStream_t stream) {
   engine_->forward_on(batches, stream);
+}
+
+void FusedMoe::forward_layer0(const std::vector<RankBatch>& batches, cudaStream_t stream) {
+  engine_->forward_on(batches, stream, MoeEngine::Part::layer0);
+}
+
+void FusedMoe::forward_layer1(const std::vector<RankBatch>& batches, cudaStream_t stream) {
+  engine_->forward_on(batches, stream, MoeEngine::Part::layer1);
 }
 
 void FusedMoe::sync_and_check() { engine_->sync_and_check(); }

@@ -41,7 +41,9 @@ class MoeEngine {
   // The whole layer for every local rank on the team's streams; batches[i] is team.local_ranks()[i]'s.
   void forward(const std::vector<RankBatch>& batches);
   // The same, ordered on `stream`: the team's streams wait for it first, and it waits for them after.
-  void forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream);
+  // Which part of the layer: both layers, or layer 0 (up to the hidden rows), or layer 1 (from them).
+  enum class Part { whole, layer0, layer1 };
+  void forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream, Part part = Part::whole);
 
   // ---- the steps, per local rank --------------------------------------------------------------------
   void stage(int rank, const RankBatch& batch);
@@ -79,7 +81,7 @@ class MoeEngine {
  private:
   struct RankState;
   RankState& state(int rank) const;
-  void run(const std::vector<RankBatch>& batches);  // forward's launches, without the check
+  void run(const std::vector<RankBatch>& batches, Part part);  // forward's launches, without the check
   void* alloc(RankState& s, size_t bytes);
 
   Team& team_;

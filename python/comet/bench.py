@@ -1,0 +1,117 @@
+"""python -m comet.bench: what the Python front costs per call, against the extension's own call on the
+same layer and inputs (the C++ FusedMoe::forward behind one nanobind call).
+
+For each case, three ways into the same forward:
+  module   comet.MoELayer(x, ids, gates): checks, the custom op, allocation of the output
+  op       torch.ops.comet.moe_forward: the dispatcher and the op's Python kernel
+  ext      comet._C.FusedMoe.forward1: one nanobind call into C++ (the C++ API's cost plus ~1 us)
+host_us: wall time of one call on the host (median; the GPU is drained every few calls so the queue
+never blocks); gpu_ms: CUDA-event time per call over back-to-back calls. The Python overhead is
+host_us(module) - host_us(ext).
+
+    python -m comet.bench [--tokens 128,4096] [--model mixtral|small] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import comet
+
+MODELS = {  # hidden, ffn, experts, top-k
+    "mixtral": (4096, 14336, 8, 2),
+    "small": (1024, 2048, 8, 2),
+}
+
+
+def host_us(fn, calls: int = 200, drain_every: int = 10) -> float:
+    times = []
+    for i in range(calls):
+        if i % drain_every == 0:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    torch.cuda.synchronize()
+    return statistics.median(times) * 1e6
+
+
+def gpu_ms(fn, calls: int = 20) -> float:
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
+    H, F, E, k = MODELS[model]
+    team = comet.Team.local(world, link)
+    layer = comet.MoELayer(H, F, E, k, team=team, max_tokens=tokens)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    xs = [torch.randn(tokens, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(world)]
+    logits = [torch.randn(tokens, E, device="cuda", generator=gen) for _ in range(world)]
+    routed = [comet.route(lg, k) for lg in logits]
+    ids, gates = [r[0] for r in routed], [r[1] for r in routed]
+    w0, w1 = list(layer.w0.detach()), list(layer.w1.detach())
+    eng = layer.engine
+    x1 = xs if world > 1 else xs[0]
+    with torch.no_grad():
+        module = lambda: layer(x1, ids if world > 1 else ids[0], gates if world > 1 else gates[0])  # noqa: E731
+        op = lambda: torch.ops.comet.moe_forward(xs, ids, gates, w0, w1, eng.handle)  # noqa: E731
+        out = torch.empty_like(xs[0])
+        stream = torch.cuda.current_stream().cuda_stream
+        if world == 1:
+            batch = (tokens, xs[0].data_ptr(), ids[0].data_ptr(), True, gates[0].data_ptr(), out.data_ptr(), 0)
+            ext = lambda: eng.native.forward1(0, w0[0].data_ptr(), w1[0].data_ptr(), batch, stream)  # noqa: E731
+        else:
+            outs = [torch.empty_like(x) for x in xs]
+            batches = [(tokens, x.data_ptr(), i.data_ptr(), True, g.data_ptr(), o.data_ptr(), 0)
+                       for x, i, g, o in zip(xs, ids, gates, outs)]
+            weights = [(a.data_ptr(), b.data_ptr()) for a, b in zip(w0, w1)]
+            ext = lambda: eng.native.forward(weights, batches, stream)  # noqa: E731
+        records = []
+        for name, fn in (("ext", ext), ("op", op), ("module", module)):
+            for _ in range(3):
+                fn()
+            records.append({"model": model, "layer": "fwd", "system": f"comet-{name}", "world": world, "ep": world,
+                            "tp": 1, "link": link, "tokens_per_rank": tokens, "routing": "uniform",
+                            "host_us": host_us(fn), "median_ms": gpu_ms(fn),
+                            "gpu": torch.cuda.get_device_name(), "entry": name})
+    eng.synchronize()
+    return records
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="mixtral", choices=sorted(MODELS))
+    ap.add_argument("--tokens", default="128,4096")
+    ap.add_argument("--worlds", default="1,8")
+    ap.add_argument("--link", default="device", choices=("device", "host"))
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    comet._lib.require_cuda("comet.bench")
+    records = []
+    for world in (int(w) for w in a.worlds.split(",")):
+        for tokens in (int(t) for t in a.tokens.split(",")):
+            rs = run_case(a.model, tokens, world, a.link)
+            by = {r["entry"]: r for r in rs}
+            print(f"{a.model} W={world} link={a.link} tokens/rank={tokens}: host us per call "
+                  f"ext {by['ext']['host_us']:.1f}, op {by['op']['host_us']:.1f}, module {by['module']['host_us']:.1f} "
+                  f"-> Python overhead {by['module']['host_us'] - by['ext']['host_us']:.1f} us; GPU ms per call "
+                  f"ext {by['ext']['median_ms']:.3f}, module {by['module']['median_ms']:.3f}", flush=True)
+            records += rs
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

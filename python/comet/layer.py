@@ -1,0 +1,163 @@
+"""comet.MoELayer: a drop-in MoE block (router, experts, optional shared expert) whose expert part runs
+comet's fused kernels.
+
+Parameters (state_dict), for the L ranks this process drives (L = 1 under torchrun, W for a local team):
+  w0     [L, E_l, N0_s, H] bf16  each rank's gate/up shard in comet's layout (comet.weights: SwiGLU
+                                 rows interleaved in blocks of 8; N0_s = 2 F/tp, or F/tp without a gate)
+  w1     [L, E_l, H, F_s]  bf16  each rank's down shard
+  router.weight [E, H]           (router=True) replicated; logits in fp32
+  shared.* (shared_ffn > 0)      a dense SwiGLU MLP every token goes through, replicated
+load_experts() / load_linear_experts() fill w0 / w1 from the usual checkpoint layouts; experts() gives
+them back (all ranks local only).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from . import weights as W
+from .ops import FusedMoE
+from .team import Team
+
+
+class SharedExpert(nn.Module):
+    """A dense SwiGLU MLP (Qwen2-MoE's and DeepSeek-V3's shared expert)."""
+
+    def __init__(self, hidden_size: int, ffn_size: int, dtype, device):
+        super().__init__()
+        self.gate_up = nn.Linear(hidden_size, 2 * ffn_size, bias=False, dtype=dtype, device=device)
+        self.down = nn.Linear(ffn_size, hidden_size, bias=False, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True):
+    """fp32 softmax over the experts, top-k; renormalised so a token's k weights sum to 1 (Mixtral) or
+    not (Qwen2-MoE). Returns (topk_ids int64 [T, k], topk_weights fp32 [T, k])."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids, weights
+
+
+class MoELayer(nn.Module):
+    """A Mixture-of-Experts block on a comet Team.
+
+    forward(hidden_states, topk_ids=None, topk_weights=None, router_logits=None):
+      * with topk_ids / topk_weights: the experts only (the caller routed);
+      * else with router_logits, or with the layer's own router (router=True): softmax, top-k, optional
+        renormalisation, then the experts; plus the shared expert if there is one.
+    hidden_states is [T, H] (or [..., H], flattened) bf16 on this process's GPU; a local team takes one
+    tensor per rank (lists). The output is in the caller's token order and shape.
+
+    The tuner picks each launch's variant; tile_n / n_comm (pairs for layer 0 and layer 1) force one.
+    Device memory: see comet.FusedMoE (``self.engine.device_bytes_per_rank``).
+    """
+
+    def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
+                 activation: str = "swiglu", *, team: Optional[Team] = None, max_tokens: int = 4096,
+                 max_rows: int = 0, router: bool = False, renormalize: bool = True, shared_ffn: int = 0,
+                 dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
+                 adaptive_split: bool = True, checking: bool = False):
+        super().__init__()
+        if dtype != torch.bfloat16:
+            raise TypeError(f"MoELayer: the expert kernels run bf16 (fp8 later), got dtype {dtype}")
+        self.team = team or Team.local(1)
+        device = self.team.device
+        self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,
+                               max_tokens=max_tokens, max_rows=max_rows, tile_n=tile_n, n_comm=n_comm,
+                               adaptive_split=adaptive_split, checking=checking)
+        self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
+        self.activation, self.renormalize = activation, renormalize
+        e = self.engine
+        L = len(e.local_ranks)
+        self.w0 = nn.Parameter(torch.empty(L, e.local_experts, e.w0_rows, hidden_size, dtype=dtype, device=device))
+        self.w1 = nn.Parameter(torch.empty(L, e.local_experts, hidden_size, e.ffn_shard, dtype=dtype, device=device))
+        self.router = nn.Linear(hidden_size, num_experts, bias=False, dtype=dtype, device=device) if router else None
+        self.shared = SharedExpert(hidden_size, shared_ffn, dtype, device) if shared_ffn > 0 else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        with torch.no_grad():
+            self.w0.uniform_(-1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.hidden_size))
+            self.w1.uniform_(-1 / math.sqrt(self.ffn_size), 1 / math.sqrt(self.ffn_size))
+
+    # ---- weights from and to checkpoint layouts ---------------------------------------------------------
+    @property
+    def gated(self) -> bool:
+        return self.activation == "swiglu"
+
+    def load_experts(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
+        """From the fused layout: gate_up_proj [E, 2F, H] (gate rows, then up rows; [E, F, H] ungated) and
+        down_proj [E, H, F]. Each local rank keeps its shard."""
+        want0 = (self.num_experts, (2 if self.gated else 1) * self.ffn_size, self.hidden_size)
+        want1 = (self.num_experts, self.hidden_size, self.ffn_size)
+        if tuple(gate_up_proj.shape) != want0:
+            raise ValueError(f"gate_up_proj: shape {tuple(gate_up_proj.shape)}, expected {want0}")
+        if tuple(down_proj.shape) != want1:
+            raise ValueError(f"down_proj: shape {tuple(down_proj.shape)}, expected {want1}")
+        t = self.team
+        with torch.no_grad():
+            for i, rank in enumerate(self.engine.local_ranks):
+                self.w0[i].copy_(W.shard_w0(gate_up_proj, gated=self.gated, ep=t.ep, tp=t.tp, rank=rank))
+                self.w1[i].copy_(W.shard_w1(down_proj, ep=t.ep, tp=t.tp, rank=rank))
+
+    def load_linear_experts(self, w1: Sequence[torch.Tensor], w3: Optional[Sequence[torch.Tensor]],
+                            w2: Sequence[torch.Tensor]) -> None:
+        """From per-expert Linear weights (Mixtral's block_sparse_moe.experts[e].w1 / w3 / w2 .weight):
+        w1 gate [F, H], w3 up [F, H] (None for ungated experts), w2 down [H, F]."""
+        gate_up, down = W.fuse_linear_experts(w1, w3, w2)
+        self.load_experts(gate_up, down)
+
+    def experts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up_proj, down_proj) in the full layout; needs every rank local (a local team)."""
+        t = self.team
+        if len(self.engine.local_ranks) != t.world:
+            raise RuntimeError("MoELayer.experts: this process holds only its own shard; gather the shards "
+                               "(comet.weights.unshard_w0 / unshard_w1) across ranks")
+        return (W.unshard_w0(list(self.w0.detach()), gated=self.gated, ep=t.ep, tp=t.tp),
+                W.unshard_w1(list(self.w1.detach()), ep=t.ep, tp=t.tp))
+
+    # ---- forward -------------------------------------------------------------------------------------------
+    def forward(self, hidden_states, topk_ids=None, topk_weights=None, router_logits=None):
+        single = isinstance(hidden_states, torch.Tensor)
+        xs = [hidden_states] if single else list(hidden_states)
+        shapes = [x.shape for x in xs]
+        xs = [x.reshape(-1, self.hidden_size) for x in xs]
+        if topk_ids is None:
+            if topk_weights is not None:
+                raise ValueError("topk_weights given without topk_ids")
+            if router_logits is None:
+                if self.router is None:
+                    raise ValueError("MoELayer: pass topk_ids/topk_weights or router_logits, or build it with router=True")
+                logits = [self.router(x) for x in xs]
+            else:
+                logits = [router_logits] if single else list(router_logits)
+            routed = [route(lg.reshape(-1, self.num_experts), self.top_k, self.renormalize) for lg in logits]
+            ids, gates = [r[0] for r in routed], [r[1] for r in routed]
+        else:
+            if topk_weights is None:
+                raise ValueError("topk_ids given without topk_weights")
+            ids = [topk_ids] if single else list(topk_ids)
+            gates = [topk_weights] if single else list(topk_weights)
+            ids = [i.reshape(-1, self.top_k) for i in ids]
+            gates = [g.reshape(-1, self.top_k) for g in gates]
+        out = self.engine(xs, ids, gates, list(self.w0), list(self.w1))
+        if self.shared is not None:
+            out = [o + self.shared(x) for o, x in zip(out, xs)]
+        out = [o.reshape(s) for o, s in zip(out, shapes)]
+        return out[0] if single else out
+
+    def extra_repr(self) -> str:
+        t = self.team
+        return (f"hidden={self.hidden_size}, ffn={self.ffn_size}, experts={self.num_experts}, top_k={self.top_k}, "
+                f"activation={self.activation}, world={t.world} (ep={t.ep}, tp={t.tp}), link={t.link}, "
+                f"max_tokens={self.engine.max_tokens}")

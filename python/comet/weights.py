@@ -1,0 +1,101 @@
+"""Expert weights: the common checkpoint layouts to and from the layout comet's kernels read.
+
+Full layouts (what checkpoints hold):
+  gate_up_proj [E, 2F, H]  rows 0..F-1 the gate projection, rows F..2F-1 the up projection (SwiGLU);
+                           [E, F, H] for gelu / silu experts (no gate)
+  down_proj    [E, H, F]
+  Mixtral-style per-expert Linears: w1 (gate) [F, H], w3 (up) [F, H], w2 (down) [H, F].
+
+A rank's shard (comet/weight_layout.hpp), rank = ep_index * tp + tp_index, E_l = E / ep, F_s = F / tp:
+  w0 [E_l, N0_s, H]  experts [g E_l, (g+1) E_l) of EP group g, F columns [i F_s, (i+1) F_s) of TP index i;
+                     SwiGLU: N0_s = 2 F_s with gate and up rows interleaved in blocks of 8 (rows 16b..16b+7
+                     are gate rows 8b..8b+7 of the shard, rows 16b+8..16b+15 the matching up rows), so the
+                     GEMM epilogue holds both halves of an output column; gelu / silu: N0_s = F_s.
+  w1 [E_l, H, F_s]
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+BLOCK = 8  # gate / up interleave of the SwiGLU shard
+
+
+def _check(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ValueError(msg)
+
+
+def _shard_ranges(num_experts: int, ffn: int, ep: int, tp: int, rank: int):
+    _check(ep >= 1 and tp >= 1 and 0 <= rank < ep * tp, f"rank {rank} out of range for ep={ep} x tp={tp}")
+    _check(num_experts % ep == 0, f"num_experts ({num_experts}) must be divisible by ep ({ep})")
+    _check(ffn % tp == 0, f"ffn ({ffn}) must be divisible by tp ({tp})")
+    el, fs = num_experts // ep, ffn // tp
+    g, i = rank // tp, rank % tp
+    return slice(g * el, (g + 1) * el), slice(i * fs, (i + 1) * fs)
+
+
+def shard_w0(gate_up_proj: torch.Tensor, *, gated: bool, ep: int, tp: int, rank: int) -> torch.Tensor:
+    """A rank's w0 [E_l, N0_s, H] from gate_up_proj [E, 2F, H] (gated) or [E, F, H]."""
+    _check(gate_up_proj.dim() == 3, f"gate_up_proj must be [E, {'2F' if gated else 'F'}, H], got {tuple(gate_up_proj.shape)}")
+    E, rows, H = gate_up_proj.shape
+    ffn = rows // 2 if gated else rows
+    _check(not gated or rows % 2 == 0, f"gate_up_proj has {rows} rows: a gated expert needs 2F")
+    experts, cols = _shard_ranges(E, ffn, ep, tp, rank)
+    if not gated:
+        return gate_up_proj[experts, cols].contiguous()
+    fs = cols.stop - cols.start
+    _check(fs % BLOCK == 0, f"F/tp ({fs}) must be a multiple of {BLOCK}")
+    gate = gate_up_proj[experts, cols]
+    up = gate_up_proj[experts, ffn + cols.start: ffn + cols.stop]
+    el = gate.shape[0]
+    blocks = torch.stack((gate.reshape(el, fs // BLOCK, BLOCK, H), up.reshape(el, fs // BLOCK, BLOCK, H)), dim=2)
+    return blocks.reshape(el, 2 * fs, H).contiguous()
+
+
+def shard_w1(down_proj: torch.Tensor, *, ep: int, tp: int, rank: int) -> torch.Tensor:
+    """A rank's w1 [E_l, H, F_s] from down_proj [E, H, F]."""
+    _check(down_proj.dim() == 3, f"down_proj must be [E, H, F], got {tuple(down_proj.shape)}")
+    E, _, F = down_proj.shape
+    experts, cols = _shard_ranges(E, F, ep, tp, rank)
+    return down_proj[experts, :, cols].contiguous()
+
+
+def unshard_w0(shards: Sequence[torch.Tensor], *, gated: bool, ep: int, tp: int) -> torch.Tensor:
+    """gate_up_proj [E, 2F, H] (or [E, F, H]) from every rank's w0, in rank order."""
+    _check(len(shards) == ep * tp, f"{len(shards)} shards for ep={ep} x tp={tp}")
+    el, n0s, H = shards[0].shape
+    fs = n0s // 2 if gated else n0s
+    E, F = el * ep, fs * tp
+    full = shards[0].new_empty(E, 2 * F if gated else F, H)
+    for rank, w in enumerate(shards):
+        experts, cols = _shard_ranges(E, F, ep, tp, rank)
+        if gated:
+            blocks = w.reshape(el, fs // BLOCK, 2, BLOCK, H)
+            full[experts, cols] = blocks[:, :, 0].reshape(el, fs, H)
+            full[experts, F + cols.start: F + cols.stop] = blocks[:, :, 1].reshape(el, fs, H)
+        else:
+            full[experts, cols] = w
+    return full
+
+
+def unshard_w1(shards: Sequence[torch.Tensor], *, ep: int, tp: int) -> torch.Tensor:
+    """down_proj [E, H, F] from every rank's w1, in rank order."""
+    _check(len(shards) == ep * tp, f"{len(shards)} shards for ep={ep} x tp={tp}")
+    el, H, fs = shards[0].shape
+    E, F = el * ep, fs * tp
+    full = shards[0].new_empty(E, H, F)
+    for rank, w in enumerate(shards):
+        experts, cols = _shard_ranges(E, F, ep, tp, rank)
+        full[experts, :, cols] = w
+    return full
+
+
+def fuse_linear_experts(w1: Sequence[torch.Tensor], w3: Sequence[torch.Tensor] | None,
+                        w2: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(gate_up_proj, down_proj) from per-expert Linear weights: w1 (gate) [F, H], w3 (up) [F, H] or None
+    for ungated experts, w2 (down) [H, F] (Mixtral's naming)."""
+    _check(len(w1) == len(w2) and (w3 is None or len(w3) == len(w1)), "w1, w3 and w2 must list the same experts")
+    rows = [torch.cat((a, b), dim=0) for a, b in zip(w1, w3)] if w3 is not None else list(w1)
+    return torch.stack(rows), torch.stack(list(w2))

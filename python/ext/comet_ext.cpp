@@ -1,0 +1,246 @@
+// comet._C: the thin binding of the C++ library (nanobind). Torch-free: tensors cross as device
+// pointers and the caller's stream as a handle; python/comet/ owns the torch side (dtypes, shapes,
+// custom ops, the nn.Module). Every C++ exception becomes a Python one before anything is launched
+// (comet::InvalidArgument -> comet.InvalidArgument, a ValueError).
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/function.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "comet/fused_moe.hpp"
+#include "comet/team.hpp"
+#include "comet/tune.hpp"
+#include "comet/version.hpp"
+
+namespace nb = nanobind;
+using namespace comet;
+
+namespace {
+
+bool interpreter_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// A Python callable held from C++: shared_ptr copies never touch Python reference counts; the last
+// owner drops the reference under the GIL (or leaks it when the interpreter is already gone).
+using PyCallable = std::shared_ptr<nb::object>;
+PyCallable hold(nb::object fn) {
+  return PyCallable(new nb::object(std::move(fn)), [](nb::object* o) {
+    if (interpreter_alive()) {
+      nb::gil_scoped_acquire gil;
+      delete o;
+    } else {
+      o->release();  // the interpreter is gone: nothing to give the reference back to
+      delete o;
+    }
+  });
+}
+
+AllGatherFn all_gather_from(nb::object fn) {
+  PyCallable f = hold(std::move(fn));
+  return [f](const void* mine, void* all, size_t bytes) {
+    nb::gil_scoped_acquire gil;
+    nb::bytes in(static_cast<const char*>(mine), bytes);
+    nb::object out = (*f)(in);
+    nb::bytes got = nb::cast<nb::bytes>(out);
+    COMET_REQUIRE(got.size() % bytes == 0 && got.size() > 0, "IpcTeam: the all-gather returned ", got.size(),
+                  " bytes, not a multiple of ", bytes);
+    std::memcpy(all, got.c_str(), got.size());
+  };
+}
+
+DeviceAllocator allocator_from(std::optional<nb::object> allocate, std::optional<nb::object> release) {
+  DeviceAllocator a;
+  if (!allocate && !release) return a;
+  COMET_REQUIRE(allocate && release, "FusedMoe: allocate and release go together");
+  PyCallable alloc = hold(*allocate), free = hold(*release);
+  a.allocate = [alloc](size_t bytes) -> void* {
+    nb::gil_scoped_acquire gil;
+    return reinterpret_cast<void*>(nb::cast<uintptr_t>((*alloc)(bytes)));
+  };
+  a.release = [free](void* p) {
+    if (!interpreter_alive()) return;  // at exit the framework's allocator is gone with the process
+    nb::gil_scoped_acquire gil;
+    (*free)(reinterpret_cast<uintptr_t>(p));
+  };
+  return a;
+}
+
+LayerRequest request(std::optional<int> tile_n, std::optional<int> n_comm) {
+  LayerRequest r;
+  r.tile_n = tile_n;
+  r.n_comm = n_comm;
+  return r;
+}
+
+// (tokens, x, ids, ids_are_int64, gates, out, hidden): one rank's batch as device addresses (hidden 0:
+// the layer's own buffer).
+using BatchTuple = std::tuple<int, uintptr_t, uintptr_t, bool, uintptr_t, uintptr_t, uintptr_t>;
+
+RankBatch batch_of(const BatchTuple& b) {
+  RankBatch r;
+  r.tokens = std::get<0>(b);
+  r.x = reinterpret_cast<const void*>(std::get<1>(b));
+  r.ids = reinterpret_cast<const void*>(std::get<2>(b));
+  r.ids_type = std::get<3>(b) ? IdType::i64 : IdType::i32;
+  r.gates = reinterpret_cast<const float*>(std::get<4>(b));
+  r.out = reinterpret_cast<void*>(std::get<5>(b));
+  r.hidden = reinterpret_cast<void*>(std::get<6>(b));
+  return r;
+}
+
+cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
+
+nb::dict decision_dict(const LaunchDecision& d) {
+  nb::dict o;
+  o["layer"] = d.layer;
+  o["schedule"] = d.schedule == Schedule::sequential ? "sequential" : "fused";
+  o["tile_n"] = d.tile_n;
+  o["n_comm"] = d.n_comm;
+  o["m_group"] = d.m_group;
+  o["n_group"] = d.n_group;
+  o["resident_blocks"] = d.resident_blocks;
+  o["adaptive"] = d.adaptive;
+  o["picked_by"] = d.picked_by;
+  return o;
+}
+
+Activation activation_of(const std::string& s) {
+  if (s == "swiglu") return Activation::swiglu;
+  if (s == "gelu") return Activation::gelu;
+  if (s == "silu") return Activation::silu;
+  throw InvalidArgument("activation must be 'swiglu', 'gelu' or 'silu', got '" + s + "'");
+}
+
+}  // namespace
+
+NB_MODULE(_C, m) {
+  m.doc() = "comet: distributed MoE layers with communication hidden inside the expert GEMMs (C++ core)";
+  nb::exception<InvalidArgument>(m, "InvalidArgument", PyExc_ValueError);
+  nb::exception<TimeoutError>(m, "DeviceTimeout", PyExc_TimeoutError);
+  nb::exception<DeviceReportedError>(m, "DeviceError", PyExc_RuntimeError);
+  nb::exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
+
+  m.def("version", [] { return std::string(version()); });
+  m.def("cuda_device_count", [] {
+    int n = 0;
+    return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
+  });
+  m.def("set_shipped_tune_table", &TuneTable::set_shipped_path, nb::arg("path"));
+  m.def("shipped_tune_table", &TuneTable::shipped_path);
+  m.def("user_tune_table", &TuneTable::user_path);
+
+  nb::class_<Team>(m, "Team")
+      .def_prop_ro("world", &Team::world)
+      .def_prop_ro("link", [](const Team& t) { return std::string(to_string(t.link())); })
+      .def_prop_ro("device", &Team::device)
+      .def("local_ranks", &Team::local_ranks)
+      .def("set_timeout", &Team::set_timeout, nb::arg("seconds"))
+      .def_prop_ro("timeout", &Team::timeout)
+      .def("synchronize", &Team::synchronize)
+      .def("clear_status", &Team::clear_status, nb::arg("rank"));
+
+  nb::class_<LocalTeam, Team>(m, "LocalTeam")
+      .def(
+          "__init__",
+          [](LocalTeam* t, int world, const std::string& link, int device) {
+            new (t) LocalTeam(world, parse_link(link), device);
+          },
+          nb::arg("world"), nb::arg("link") = "device", nb::arg("device") = 0);
+
+  nb::class_<IpcTeam, Team>(m, "IpcTeam")
+      .def(
+          "__init__",
+          [](IpcTeam* t, int rank, int world, nb::object all_gather, int device) {
+            new (t) IpcTeam(rank, world, all_gather_from(std::move(all_gather)), device);
+          },
+          nb::arg("rank"), nb::arg("world"), nb::arg("all_gather"), nb::arg("device") = 0)
+      .def("barrier", &IpcTeam::barrier)
+      .def_prop_ro("rank", &IpcTeam::rank);
+
+  nb::class_<FusedMoe>(m, "FusedMoe")
+      .def(
+          "__init__",
+          [](FusedMoe* self, Team& team, int hidden, int ffn, int experts, int topk, const std::string& activation,
+             int ep, int tp, int max_tokens, int max_rows, std::optional<int> layer0_tile_n,
+             std::optional<int> layer0_n_comm, std::optional<int> layer1_tile_n, std::optional<int> layer1_n_comm,
+             bool adaptive_split, bool checking, const std::string& tune_table, std::optional<nb::object> allocate,
+             std::optional<nb::object> release) {
+            MoeOptions o;
+            o.layer0 = request(layer0_tile_n, layer0_n_comm);
+            o.layer1 = request(layer1_tile_n, layer1_n_comm);
+            o.adaptive_split = adaptive_split;
+            o.checking = checking;
+            o.tune_table = tune_table;
+            o.allocator = allocator_from(std::move(allocate), std::move(release));
+            new (self) FusedMoe(team, MoeShape{hidden, ffn, experts, topk, activation_of(activation)},
+                                Parallel{ep, tp}, MoeCapacity{max_tokens, max_rows}, o);
+          },
+          nb::keep_alive<1, 2>(),  // the team outlives the layer
+          nb::arg("team"), nb::arg("hidden"), nb::arg("ffn"), nb::arg("experts"), nb::arg("topk"),
+          nb::arg("activation"), nb::arg("ep"), nb::arg("tp"), nb::arg("max_tokens"), nb::arg("max_rows") = 0,
+          nb::arg("layer0_tile_n") = nb::none(), nb::arg("layer0_n_comm") = nb::none(),
+          nb::arg("layer1_tile_n") = nb::none(), nb::arg("layer1_n_comm") = nb::none(),
+          nb::arg("adaptive_split") = true, nb::arg("checking") = false, nb::arg("tune_table") = "",
+          nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none())
+      .def(
+          "set_weights",
+          [](FusedMoe& m, int rank, uintptr_t w0, uintptr_t w1) {
+            m.set_weights(rank, reinterpret_cast<const void*>(w0), reinterpret_cast<const void*>(w1));
+          },
+          nb::arg("rank"), nb::arg("w0"), nb::arg("w1"))
+      // The hot path of one rank per process: weights and batch in one call.
+      .def(
+          "forward1",
+          [](FusedMoe& m, int rank, uintptr_t w0, uintptr_t w1, const BatchTuple& b, uintptr_t stream) {
+            m.set_weights(rank, reinterpret_cast<const void*>(w0), reinterpret_cast<const void*>(w1));
+            m.forward(batch_of(b), stream_of(stream));
+          },
+          nb::arg("rank"), nb::arg("w0"), nb::arg("w1"), nb::arg("batch"), nb::arg("stream"))
+      // Every local rank: weights[i] = (w0, w1) and batches[i] of team.local_ranks()[i]; part "whole",
+      // "layer0" or "layer1" (a weight pointer 0 keeps the rank's current one).
+      .def(
+          "forward",
+          [](FusedMoe& m, const std::vector<std::tuple<uintptr_t, uintptr_t>>& weights,
+             const std::vector<BatchTuple>& batches, uintptr_t stream, const std::string& part) {
+            const std::vector<int> local = m.team().local_ranks();
+            COMET_REQUIRE(weights.size() == local.size() && batches.size() == local.size(), "FusedMoe.forward: ",
+                          weights.size(), " weights and ", batches.size(), " batches for ", local.size(),
+                          " local ranks");
+            std::vector<RankBatch> rb;
+            for (size_t i = 0; i < local.size(); ++i) {
+              m.set_weights(local[i], reinterpret_cast<const void*>(std::get<0>(weights[i])),
+                            reinterpret_cast<const void*>(std::get<1>(weights[i])));
+              rb.push_back(batch_of(batches[i]));
+            }
+            if (part == "whole") m.forward(rb, stream_of(stream));
+            else if (part == "layer0") m.forward_layer0(rb, stream_of(stream));
+            else if (part == "layer1") m.forward_layer1(rb, stream_of(stream));
+            else throw InvalidArgument("FusedMoe.forward: part must be whole, layer0 or layer1, got " + part);
+          },
+          nb::arg("weights"), nb::arg("batches"), nb::arg("stream"), nb::arg("part") = "whole")
+      .def("sync_and_check", &FusedMoe::sync_and_check)
+      .def(
+          "last_decision", [](const FusedMoe& m, int rank, int layer) { return decision_dict(m.last_decision(rank, layer)); },
+          nb::arg("rank"), nb::arg("layer"))
+      .def_prop_ro("device_bytes_per_rank", &FusedMoe::device_bytes_per_rank)
+      .def_prop_ro("max_tokens", [](const FusedMoe& m) { return m.capacity().max_tokens_per_rank; })
+      .def_prop_ro("max_rows", [](const FusedMoe& m) { return m.capacity().max_rows_per_rank; })
+      .def_prop_ro("hidden", [](const FusedMoe& m) { return m.shape().hidden; })
+      .def_prop_ro("ffn_shard", [](const FusedMoe& m) { return m.parallel().ffn_shard(m.shape()); })
+      .def("local_ranks", [](const FusedMoe& m) { return m.team().local_ranks(); });
+}

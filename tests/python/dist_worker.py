@@ -1,0 +1,44 @@
+"""One rank of a torchrun job (test_torchrun.py starts it): a comet.MoELayer on a process-group team,
+checked against the plain PyTorch MoE on this rank's tokens. Exits non-zero on a mismatch.
+
+    torchrun --nproc-per-node=N dist_worker.py EP TP
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(__file__))
+import comet  # noqa: E402
+from moe_problem import assert_matches, make_problem, reference_moe  # noqa: E402
+
+
+def main() -> int:
+    ep, tp = int(sys.argv[1]), int(sys.argv[2])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    assert world == ep * tp, (world, ep, tp)
+    torch.cuda.set_device(0)  # every process on the one GPU (CUDA IPC between them)
+    team = comet.Team.from_process_group(ep=ep, tp=tp)
+    team.set_timeout(20.0)
+    # Every rank builds the same problem (same seed) and takes its own tokens; rank 1 has none.
+    tokens = [0 if r == 1 else 40 + 37 * r for r in range(world)]
+    p = make_problem(hidden=256, ffn=512, experts=8, topk=2 if world == 2 else 4, ep=ep, tp=tp, tokens=tokens,
+                     routing="zipf", seed=77)
+    layer = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=team, max_tokens=max(tokens))
+    layer.load_experts(p.gate_up.to(torch.bfloat16).cuda(), p.down.to(torch.bfloat16).cuda())
+    out = layer(p.x[rank], p.ids[rank], p.gates[rank])
+    again = layer(p.x[rank], p.ids[rank].to(torch.int32), p.gates[rank])
+    torch.cuda.synchronize()
+    layer.engine.synchronize()
+    assert_matches(out, reference_moe(p, p.x[rank], p.ids[rank], p.gates[rank]), f"torchrun rank {rank}")
+    assert torch.equal(out, again), f"rank {rank}: second call differs"
+    dist.barrier()  # no process frees buffers a peer may still read
+    print(f"rank {rank}/{world}: ok ({out.shape[0]} tokens, {layer.engine.last_decision(0)})", flush=True)
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""A random MoE problem for the Python tests and its oracle: a plain PyTorch MoE (a loop over experts in
+fp32, written here from the layer's definition, sharing no code with comet)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+def bf16_exact(t: torch.Tensor) -> torch.Tensor:
+    """fp32 values that bf16 holds exactly, so the oracle sees what the GPU sees."""
+    return t.to(torch.bfloat16).float()
+
+
+def route_ids(tokens: int, experts: int, k: int, kind: str, gen: torch.Generator, hot: int = 0) -> torch.Tensor:
+    """[tokens, k] distinct expert ids per token.
+    uniform: k distinct experts at random; zipf: weights 1/(e+1)^1.2; one_hot: every token's first
+    expert is `hot`; half: only experts [0, E/2) are used (the rest get no tokens)."""
+    if kind == "half":
+        experts_used = max(k, experts // 2)
+        weights = torch.ones(tokens, experts_used)
+    elif kind == "zipf":
+        experts_used = experts
+        weights = (1.0 / torch.arange(1, experts + 1).float() ** 1.2).expand(tokens, experts).clone()
+    else:
+        experts_used = experts
+        weights = torch.ones(tokens, experts)
+    if tokens == 0:
+        return torch.empty(0, k, dtype=torch.int64)
+    ids = torch.multinomial(weights, k, replacement=False, generator=gen)
+    if kind == "one_hot":
+        has = (ids == hot).any(dim=1)
+        first = ids[:, 0].clone()
+        ids[:, 0] = hot
+        # keep the ids distinct: where `hot` sat elsewhere, it takes the displaced first id
+        for j in range(1, k):
+            swap = ids[:, j] == hot
+            ids[swap & has, j] = first[swap & has]
+    return ids
+
+
+@dataclass
+class Problem:
+    hidden: int
+    ffn: int
+    experts: int
+    topk: int
+    act: str
+    ep: int
+    tp: int
+    x: list            # per rank [T_r, H] bf16 (cuda)
+    ids: list          # per rank [T_r, k] int64 (cuda)
+    gates: list        # per rank [T_r, k] fp32 (cuda)
+    gate_up: torch.Tensor  # [E, 2F or F, H] fp32, bf16-exact (cpu)
+    down: torch.Tensor     # [E, H, F] fp32, bf16-exact (cpu)
+
+    @property
+    def world(self) -> int:
+        return self.ep * self.tp
+
+
+def make_problem(*, hidden=256, ffn=512, experts=8, topk=2, act="swiglu", ep=2, tp=1, tokens=(37, 200),
+                 routing="uniform", seed=0, device="cuda") -> Problem:
+    gen = torch.Generator().manual_seed(seed)
+    rows = 2 * ffn if act == "swiglu" else ffn
+    gate_up = bf16_exact(torch.randn(experts, rows, hidden, generator=gen) / hidden ** 0.5)
+    down = bf16_exact(torch.randn(experts, hidden, ffn, generator=gen) / ffn ** 0.5)
+    xs, ids, gates = [], [], []
+    for t in tokens:
+        xs.append(bf16_exact(torch.randn(t, hidden, generator=gen)).to(torch.bfloat16).to(device))
+        ids.append(route_ids(t, experts, topk, routing, gen).to(device))
+        g = torch.rand(t, topk, generator=gen) + 0.1
+        gates.append((g / g.sum(-1, keepdim=True)).to(device))
+    return Problem(hidden, ffn, experts, topk, act, ep, tp, xs, ids, gates, gate_up, down)
+
+
+def activation(act: str, h: torch.Tensor, ffn: int) -> torch.Tensor:
+    if act == "swiglu":
+        return F.silu(h[:, :ffn]) * h[:, ffn:]
+    if act == "gelu":
+        return F.gelu(h, approximate="tanh")
+    return F.silu(h)
+
+
+def reference_moe(p: Problem, x: torch.Tensor, ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    """One rank's output: y_t = sum_j gate_tj * down_e(act(gate_up_e x_t)), e = ids_tj, in fp32."""
+    x = x.float().cpu()
+    ids, gates = ids.cpu(), gates.float().cpu()
+    y = torch.zeros_like(x)
+    for e in range(p.experts):
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        if tok.numel() == 0:
+            continue
+        h = activation(p.act, x[tok] @ p.gate_up[e].t(), p.ffn)
+        y.index_add_(0, tok, (h @ p.down[e].t()) * gates[tok, slot, None])
+    return y
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.float().cpu(), want.float().cpu()
+    if want.numel() == 0:
+        return 0.0
+    return float((got - want).norm() / want.norm().clamp_min(1e-30))
+
+
+def worst_row_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    got, want = got.float().cpu(), want.float().cpu()
+    if want.numel() == 0:
+        return 0.0
+    return float(((got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-6)).max())
+
+
+def assert_matches(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
+    """The C++ suite's bounds: whole output 1.5e-2, worst row 5e-2 (bf16 inputs, bf16 hidden rows)."""
+    assert torch.isfinite(got.float()).all(), f"{what}: non-finite values"
+    err, row = relative_error(got, want), worst_row_error(got, want)
+    assert err < 1.5e-2, f"{what}: relative error {err:.3e}"
+    assert row < 5e-2, f"{what}: worst row error {row:.3e}"

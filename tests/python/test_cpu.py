@@ -1,0 +1,154 @@
+"""What the Python front can show without a GPU: the package imports, the ops and their fake kernels trace
+under torch.compile, the weight layouts round-trip and match the kernels' rule, routing, and the input
+checks name the bad argument."""
+import pytest
+import torch
+
+import comet
+from comet import weights as W
+from comet.ops import LayerSpec, check_inputs
+
+
+def test_imports_and_registers_ops():
+    assert comet.__version__
+    for op in ("moe_forward", "moe_layer0", "moe_layer1"):
+        assert hasattr(torch.ops.comet, op)
+    assert comet._C.shipped_tune_table().endswith(".json")
+    assert issubclass(comet.InvalidArgument, ValueError)
+    assert issubclass(comet.DeviceTimeout, TimeoutError)
+
+
+@pytest.mark.skipif(comet.cuda_ready(), reason="checks the no-GPU message")
+def test_gpu_entry_points_say_why_without_a_gpu():
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        comet.Team.local(2)
+    with pytest.raises(RuntimeError, match="needs a CUDA GPU"):
+        comet.MoELayer(64, 128, 4, 2)
+
+
+def test_fake_kernel_traces_with_no_graph_break():
+    graphs = []
+
+    def capture(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward  # never run: the op has no CPU kernel
+
+    def block(x, ids, gates, w0, w1):
+        y = torch.ops.comet.moe_forward([x], [ids], [gates], [w0], [w1], 1)[0]
+        return y * 2 + x
+
+    fn = torch.compile(block, backend=capture, fullgraph=True)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        x = torch.empty(5, 64, dtype=torch.bfloat16)
+        ids = torch.empty(5, 2, dtype=torch.int64)
+        gates = torch.empty(5, 2)
+        w0 = torch.empty(2, 256, 64, dtype=torch.bfloat16)
+        w1 = torch.empty(2, 64, 128, dtype=torch.bfloat16)
+        out = torch.ops.comet.moe_forward([x], [ids], [gates], [w0], [w1], 1)
+        assert out[0].shape == (5, 64) and out[0].dtype == torch.bfloat16
+    try:
+        fn(torch.zeros(5, 64, dtype=torch.bfloat16), torch.zeros(5, 2, dtype=torch.int64), torch.zeros(5, 2),
+           torch.zeros(2, 256, 64, dtype=torch.bfloat16), torch.zeros(2, 64, 128, dtype=torch.bfloat16))
+    except NotImplementedError:
+        pass  # the graph ran eagerly on CPU tensors: there is no CPU kernel, as intended
+    assert len(graphs) == 1
+    targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert any("comet.moe_forward" in t for t in targets), targets
+
+
+def _interleave_rule(gate_up, rank, ep, tp):
+    """The kernels' w0 rule (weight_layout.hpp), written out row by row."""
+    E, rows, H = gate_up.shape
+    F = rows // 2
+    el, fs = E // ep, F // tp
+    g, i = rank // tp, rank % tp
+    out = torch.empty(el, 2 * fs, H, dtype=gate_up.dtype)
+    for e in range(el):
+        for b in range(fs // 8):
+            for q in range(8):
+                out[e, 16 * b + q] = gate_up[g * el + e, i * fs + 8 * b + q]
+                out[e, 16 * b + 8 + q] = gate_up[g * el + e, F + i * fs + 8 * b + q]
+    return out
+
+
+@pytest.mark.parametrize("ep,tp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_weight_shards_follow_the_kernel_layout_and_round_trip(ep, tp):
+    torch.manual_seed(0)
+    E, F, H = 4, 32, 16
+    gate_up, down = torch.randn(E, 2 * F, H), torch.randn(E, H, F)
+    w0 = [W.shard_w0(gate_up, gated=True, ep=ep, tp=tp, rank=r) for r in range(ep * tp)]
+    w1 = [W.shard_w1(down, ep=ep, tp=tp, rank=r) for r in range(ep * tp)]
+    for r in range(ep * tp):
+        assert torch.equal(w0[r], _interleave_rule(gate_up, r, ep, tp))
+        assert w1[r].shape == (E // ep, H, F // tp)
+    assert torch.equal(W.unshard_w0(w0, gated=True, ep=ep, tp=tp), gate_up)
+    assert torch.equal(W.unshard_w1(w1, ep=ep, tp=tp), down)
+    plain = torch.randn(E, F, H)
+    shards = [W.shard_w0(plain, gated=False, ep=ep, tp=tp, rank=r) for r in range(ep * tp)]
+    assert torch.equal(W.unshard_w0(shards, gated=False, ep=ep, tp=tp), plain)
+
+
+def test_linear_experts_fuse_to_gate_then_up():
+    w1 = [torch.randn(8, 4) for _ in range(3)]
+    w3 = [torch.randn(8, 4) for _ in range(3)]
+    w2 = [torch.randn(4, 8) for _ in range(3)]
+    gate_up, down = W.fuse_linear_experts(w1, w3, w2)
+    assert torch.equal(gate_up[1, :8], w1[1]) and torch.equal(gate_up[1, 8:], w3[1])
+    assert torch.equal(down[2], w2[2])
+
+
+def test_weight_helpers_reject_bad_layouts():
+    with pytest.raises(ValueError, match="divisible by ep"):
+        W.shard_w1(torch.randn(3, 4, 8), ep=2, tp=1, rank=0)
+    with pytest.raises(ValueError, match="rank 4 out of range"):
+        W.shard_w1(torch.randn(4, 4, 8), ep=2, tp=2, rank=4)
+    with pytest.raises(ValueError, match="2F"):
+        W.shard_w0(torch.randn(4, 7, 8), gated=True, ep=1, tp=1, rank=0)
+
+
+def test_route_is_softmax_topk_renormalised():
+    logits = torch.tensor([[0.0, 1.0, 2.0, 3.0], [3.0, 0.0, 0.0, 0.0]])
+    ids, w = comet.route(logits, 2)
+    assert ids.dtype == torch.int64 and w.dtype == torch.float32
+    assert ids[0].tolist() == [3, 2]
+    torch.testing.assert_close(w.sum(-1), torch.ones(2))
+    p = torch.softmax(logits, -1)
+    _, w_raw = comet.route(logits, 2, renormalize=False)
+    torch.testing.assert_close(w_raw[0], p[0, [3, 2]])
+
+
+SPEC = LayerSpec(hidden_size=64, top_k=2, local_experts=2, w0_rows=256, ffn_shard=128, max_tokens=16, ranks=1,
+                 device=torch.device("cpu"))
+
+
+def _good(t=5):
+    return ([torch.zeros(t, 64, dtype=torch.bfloat16)], [torch.zeros(t, 2, dtype=torch.int32)], [torch.zeros(t, 2)],
+            [torch.zeros(2, 256, 64, dtype=torch.bfloat16)], [torch.zeros(2, 64, 128, dtype=torch.bfloat16)])
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a: a[0].__setitem__(0, a[0][0].float()), TypeError, "hidden_states: dtype"),
+    (lambda a: a[0].__setitem__(0, torch.zeros(5, 32, dtype=torch.bfloat16)), ValueError, r"hidden_states: shape .*\[T, 64\]"),
+    (lambda a: a[0].__setitem__(0, torch.zeros(64, 5, dtype=torch.bfloat16).t()), ValueError, "hidden_states: must be contiguous"),
+    (lambda a: a[0].__setitem__(0, torch.zeros(17, 64, dtype=torch.bfloat16)), ValueError, "more than max_tokens=16"),
+    (lambda a: a[1].__setitem__(0, torch.zeros(5, 2, dtype=torch.float32)), TypeError, "topk_ids: dtype"),
+    (lambda a: a[1].__setitem__(0, torch.zeros(5, 3, dtype=torch.int64)), ValueError, "topk_ids: shape"),
+    (lambda a: a[2].__setitem__(0, torch.zeros(4, 2)), ValueError, "topk_weights: shape"),
+    (lambda a: a[3].__setitem__(0, torch.zeros(2, 128, 64, dtype=torch.bfloat16)), ValueError, "w0: shape"),
+    (lambda a: a[4].__setitem__(0, torch.zeros(2, 64, 128)), TypeError, "w1: dtype"),
+    (lambda a: a[0].append(a[0][0]), ValueError, "hidden_states: 2 tensors for the 1 rank"),
+    (lambda a: a[1].__setitem__(0, [[0, 1]]), TypeError, "topk_ids: expected a torch.Tensor"),
+])
+def test_input_checks_name_the_argument(mutate, error, match):
+    args = list(_good())
+    check_inputs(SPEC, *args)  # the good call passes
+    mutate(args)
+    with pytest.raises(error, match=match):
+        check_inputs(SPEC, *args)
+
+
+def test_input_checks_want_the_teams_device():
+    spec = LayerSpec(64, 2, 2, 256, 128, 16, 1, torch.device("cuda", 0))
+    with pytest.raises(ValueError, match="hidden_states: on cpu"):
+        check_inputs(spec, *_good())

@@ -1,0 +1,22 @@
+"""comet.MoELayer under torchrun: 2 and 4 processes sharing the one GPU through CUDA IPC (their kernels
+run concurrently under the MPS daemon, which scripts/gpu-test starts; without it they time-slice)."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import comet
+
+pytestmark = pytest.mark.skipif(not comet.cuda_ready(), reason="no CUDA GPU (sm_90a)")
+
+
+@pytest.mark.parametrize("ep,tp", [(2, 1), (4, 1), (2, 2)])
+def test_torchrun_processes_match_the_reference(ep, tp):
+    here = os.path.dirname(__file__)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ep * tp}", "--standalone",
+           os.path.join(here, "dist_worker.py"), str(ep), str(tp)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    print(done.stdout[-4000:])
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count(": ok (") == ep * tp

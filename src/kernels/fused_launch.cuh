@@ -20,12 +20,6 @@ LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads) {
   return LaunchLimits{sms, sms * per_sm};
 }
 
-// Compute blocks take the SMs the comm blocks leave: grid = resident capacity (one block per SM).
-inline int compute_blocks(const LaunchLimits& lim, int n_comm, Mode mode) {
-  if (mode == Mode::comm_only) return 0;
-  return mode == Mode::gemm_only ? lim.max_blocks : lim.max_blocks - n_comm;
-}
-
 template <class Cfg>
 LaunchLimits layer0_limits_for() {
   return resident_limits(layer0_kernel<Cfg>, Cfg::kSharedBytes, Cfg::kThreads);
@@ -45,20 +39,12 @@ void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
   p.act = l.act;
   p.hid = static_cast<__nv_bfloat16*>(l.hid);
   p.hid_ld = l.hid_ld;
-  p.epoch = l.epoch;
-  p.n_comm = l.mode == Mode::gemm_only ? 0 : l.n_comm;
-  p.n_compute = compute_blocks(lim, p.n_comm, l.mode);
-  p.adapt = l.adapt;
-  p.adapt.enabled = l.adapt.enabled && l.mode == Mode::fused && p.n_comm > 0;
-  p.m_group = l.m_group;
-  p.smem_bytes = Cfg::kSharedBytes;
-  p.wait_ready = l.mode == Mode::fused;
-  p.team = l.team;
+  p.split = kernel_split(l.split, lim, Cfg::kSharedBytes);
   // The comm blocks stage rows in the GEMM's shared memory: enough stages for the store lag + 1 load.
   const int stages = (Cfg::kSharedBytes - dispatch::kRowsOffset) / (l.dispatch.hidden * 2);
-  COMET_REQUIRE(p.n_comm == 0 || stages > l.dispatch.store_lag, "fused layer 0: rows of ", l.dispatch.hidden,
+  COMET_REQUIRE(p.split.n_comm == 0 || stages > l.dispatch.store_lag, "fused layer 0: rows of ", l.dispatch.hidden,
                 " values leave ", stages, " bulk-copy stages, store lag ", l.dispatch.store_lag, " needs more");
-  const int grid = p.n_comm + p.n_compute;
+  const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
   layer0_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
   COMET_CUDA_CHECK_LAUNCH();
@@ -73,20 +59,11 @@ void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
   p.combine = l.combine;
   p.y = static_cast<__nv_bfloat16*>(l.y);
   p.tile_done = l.tile_done;
-  p.epoch = l.epoch;
-  p.n_comm = l.mode == Mode::gemm_only ? 0 : l.n_comm;
-  p.n_compute = compute_blocks(lim, p.n_comm, l.mode);
-  p.adapt = l.adapt;
-  p.adapt.enabled = l.adapt.enabled && l.mode == Mode::fused && p.n_comm > 0;
-  p.m_group = l.m_group;
-  p.n_group = l.n_group;
-  p.smem_bytes = Cfg::kSharedBytes;
-  p.wait_done = l.mode == Mode::fused;
+  p.split = kernel_split(l.split, lim, Cfg::kSharedBytes);
   // The combine stages k row slices per warp, twice, in the GEMM's shared memory.
-  COMET_REQUIRE(p.n_comm == 0 || Cfg::kSharedBytes >= Cfg::kThreads / 32 * 2 * kCombineSliceBytes * l.combine.topk,
+  COMET_REQUIRE(p.split.n_comm == 0 || Cfg::kSharedBytes >= Cfg::kThreads / 32 * 2 * kCombineSliceBytes * l.combine.topk,
                 "fused layer 1: top-", l.combine.topk, " needs more shared memory for the combine than the tile leaves");
-  p.team = l.team;
-  const int grid = p.n_comm + p.n_compute;
+  const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
   layer1_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
   COMET_CUDA_CHECK_LAUNCH();

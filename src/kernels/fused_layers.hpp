@@ -20,6 +20,18 @@ inline bool is_supported_tile_n(int tile_n, int layer) {
   return tile_n == 128 || tile_n == 256 || (layer == 0 && tile_n == 192);
 }
 
+// How a launch splits its persistent grid and whom it reports to, the same for both layers (the
+// engine fills it from the planner's decision).
+struct GridSplit {
+  const int32_t* epoch = nullptr;  // the rank's generation: flags compare with it
+  int n_comm = 0;                  // comm blocks (the host's; with adapt.enabled the kernel re-picks it)
+  AdaptiveSplit adapt;             // fused mode with comm blocks only
+  int m_group = 16;
+  int n_group = 1;                 // layer 1: column blocks shipped together
+  Mode mode = Mode::fused;
+  TeamDeviceView team;
+};
+
 struct Layer0Launch {
   int tile_n = 256;
   const void* w0 = nullptr;  // [experts][n0][hidden]
@@ -30,12 +42,7 @@ struct Layer0Launch {
   int hid_ld = 0;
   EpilogueOp act = EpilogueOp::swiglu;
   DispatchArgs dispatch;  // dispatch.a is the GEMM's A
-  const int32_t* epoch = nullptr;
-  int n_comm = 0;
-  AdaptiveSplit adapt;  // fused mode with comm blocks only: the kernel may re-pick n_comm from the plan
-  int m_group = 16;
-  Mode mode = Mode::fused;
-  TeamDeviceView team;
+  GridSplit split;
 };
 
 struct Layer1Launch {
@@ -48,13 +55,7 @@ struct Layer1Launch {
   void* y = nullptr;  // [rows_cap][hidden]
   int32_t* tile_done = nullptr;
   CombineArgs combine;  // combine.y == y
-  const int32_t* epoch = nullptr;
-  int n_comm = 0;
-  AdaptiveSplit adapt;  // as in Layer0Launch
-  int m_group = 16;
-  int n_group = 1;
-  Mode mode = Mode::fused;
-  TeamDeviceView team;
+  GridSplit split;
 };
 
 // Multiprocessors and the largest grid of these kernels that is entirely resident at once.

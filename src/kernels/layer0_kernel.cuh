@@ -13,6 +13,7 @@
 #include "kernels/dispatch_role.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/fused_layers.hpp"
+#include "kernels/kernel_split.hpp"
 
 namespace comet::kernels {
 
@@ -24,14 +25,7 @@ struct Layer0Params {
   EpilogueOp act;
   __nv_bfloat16* hid;
   int hid_ld;
-  const int32_t* epoch;
-  int n_comm;     // the host's; with adapt.enabled the kernel re-picks it (adaptive_split.hpp)
-  int n_compute;  // the host's (grid = n_comm + n_compute)
-  AdaptiveSplit adapt;
-  int m_group;
-  int smem_bytes;
-  bool wait_ready;
-  TeamDeviceView team;
+  KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
 };
 
 // Work w -> (M-tile, N-block): groups of m_group consecutive entries of tile_order, and inside a group
@@ -64,9 +58,9 @@ struct Layer0Hooks {
   // Whole producer warp: lane 0 waits for the tile's remote rows; then every lane orders its later
   // TMA (async proxy) reads after the rows the comm blocks wrote.
   __device__ void before_load(const TileCoord& tile, int lane) {
-    if (p.wait_ready && p.dispatch.plan.tile_remote_rows[tile.m_block] > 0) {
+    if (p.split.waits && p.dispatch.plan.tile_remote_rows[tile.m_block] > 0) {
       if (lane == 0) {
-        dev::wait_flag_gpu(&p.dispatch.tile_ready[tile.m_block], epoch, p.team, WaitSite::tile_ready, tile.m_block);
+        dev::wait_flag_gpu(&p.dispatch.tile_ready[tile.m_block], epoch, p.split.team, WaitSite::tile_ready, tile.m_block);
       }
       __syncwarp();
       dev::fence_proxy_async_global();
@@ -82,14 +76,14 @@ struct Layer0Hooks {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg> p) {
   extern __shared__ __align__(1024) char smem[];
-  const int32_t epoch = *p.epoch;
-  const int n_comm = adaptive_n_comm(p.adapt, p.dispatch.plan, p.n_comm, gridDim.x);
-  if (p.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.adapt.chosen = n_comm;
+  const int32_t epoch = *p.split.epoch;
+  const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
+  if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
   if (int(blockIdx.x) < n_comm) {
-    run_dispatch_role(p.dispatch, blockIdx.x, n_comm, epoch, smem, p.smem_bytes, p.team);
+    run_dispatch_role(p.dispatch, blockIdx.x, n_comm, epoch, smem, p.split.smem_bytes, p.split.team);
     return;
   }
-  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.m_group, p.wait_ready};
+  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group, p.split.waits};
   Layer0Hooks<Cfg> hooks{p, epoch};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

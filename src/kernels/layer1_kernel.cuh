@@ -13,6 +13,7 @@
 #include "kernels/compute_role.cuh"
 #include "kernels/epilogue.cuh"
 #include "kernels/fused_layers.hpp"
+#include "kernels/kernel_split.hpp"
 
 namespace comet::kernels {
 
@@ -23,15 +24,7 @@ struct Layer1Params {
   CombineArgs combine;
   __nv_bfloat16* y;
   int32_t* tile_done;
-  const int32_t* epoch;
-  int n_comm;     // the host's; with adapt.enabled the kernel re-picks it (adaptive_split.hpp)
-  int n_compute;  // the host's (grid = n_comm + n_compute)
-  AdaptiveSplit adapt;
-  int m_group;
-  int n_group;
-  int smem_bytes;
-  bool wait_done;
-  TeamDeviceView team;
+  KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
 };
 
 // Work w -> (M-tile, N-block): column groups of n_group blocks, in order (the comm blocks ship column
@@ -78,15 +71,15 @@ struct Layer1Hooks {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_constant__ Layer1Params<Cfg> p) {
   extern __shared__ __align__(1024) char smem[];
-  const int32_t epoch = *p.epoch;
-  const int n_comm = adaptive_n_comm(p.adapt, p.combine.plan, p.n_comm, gridDim.x);
-  if (p.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.adapt.chosen = n_comm;
+  const int32_t epoch = *p.split.epoch;
+  const int n_comm = adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, gridDim.x);
+  if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
   if (int(blockIdx.x) < n_comm) {
-    run_combine_role(p.combine, blockIdx.x, n_comm, epoch, p.wait_done, smem, p.smem_bytes, p.team);
+    run_combine_role(p.combine, blockIdx.x, n_comm, epoch, p.split.waits, smem, p.split.smem_bytes, p.split.team);
     return;
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
-  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.m_group, p.n_group};
+  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

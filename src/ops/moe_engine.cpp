@@ -253,6 +253,20 @@ int MoeEngine::last_n_comm(int rank, int layer) const {
   return n;
 }
 
+kernels::GridSplit MoeEngine::grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode,
+                                         int layer) const {
+  kernels::GridSplit g;
+  g.epoch = s.epoch;
+  g.n_comm = planned.decision.n_comm;
+  g.adapt = planned.adapt;
+  g.adapt.chosen = s.chosen_n_comm + layer;
+  g.m_group = planned.decision.m_group;
+  g.n_group = planned.decision.n_group;
+  g.mode = mode;
+  g.team = team_.device_view(s.rank);
+  return g;
+}
+
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 0: a unit range needs comm_only mode");
   RankState& s = state(rank);
@@ -279,21 +293,15 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
                                      units.begin,
                                      units.end,
                                      options_.dispatch_store_lag};
-  l.epoch = s.epoch;
-  l.n_comm = d.n_comm;
-  l.adapt = planned.adapt;
-  l.adapt.chosen = s.chosen_n_comm;
-  l.m_group = d.m_group;
-  l.mode = mode;
-  l.team = team_.device_view(rank);
+  l.split = grid_split(s, planned, mode, 0);
   if (d.schedule == Schedule::sequential) {
     // The pull runs first, as its own launch over the whole GPU; with one rank there is nothing to pull.
     if (par_.world() > 1) {
-      l.mode = LayerMode::comm_only;
-      l.n_comm = d.resident_blocks;
+      l.split.mode = LayerMode::comm_only;
+      l.split.n_comm = d.resident_blocks;
       kernels::launch_layer0(l, s.stream);
     }
-    l.mode = LayerMode::gemm_only;
+    l.split.mode = LayerMode::gemm_only;
   }
   kernels::launch_layer0(l, s.stream);
 }
@@ -329,20 +337,13 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
                                    s.tile_done,
                                    units.begin,
                                    units.end};
-  l.epoch = s.epoch;
-  l.n_comm = d.n_comm;
-  l.adapt = planned.adapt;
-  l.adapt.chosen = s.chosen_n_comm + 1;
-  l.m_group = d.m_group;
-  l.n_group = d.n_group;
-  l.mode = mode;
-  l.team = team_.device_view(rank);
+  l.split = grid_split(s, planned, mode, 1);
   if (d.schedule == Schedule::sequential) {
     // No comm blocks inside the GEMM: the combine runs as a second launch over the whole GPU.
-    l.mode = LayerMode::gemm_only;
+    l.split.mode = LayerMode::gemm_only;
     kernels::launch_layer1(l, s.stream);
-    l.mode = LayerMode::comm_only;
-    l.n_comm = d.resident_blocks;
+    l.split.mode = LayerMode::comm_only;
+    l.split.n_comm = d.resident_blocks;
   }
   kernels::launch_layer1(l, s.stream);
 }

@@ -18,6 +18,7 @@
 
 #include "comet/device_plan.hpp"
 #include "comet/fused_moe.hpp"
+#include "kernels/fused_layers.hpp"
 #include "tune/launch_planner.hpp"
 
 namespace comet {
@@ -83,6 +84,8 @@ class MoeEngine {
   RankState& state(int rank) const;
   void run(const std::vector<RankBatch>& batches, Part part);  // forward's launches, without the check
   void* alloc(RankState& s, size_t bytes);
+  // The grid split of a launch of `layer` on a rank, from the planner's decision.
+  kernels::GridSplit grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode, int layer) const;
 
   Team& team_;
   MoeShape shape_;

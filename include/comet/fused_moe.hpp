@@ -53,6 +53,10 @@ struct MoeOptions {
   // its counts (src/tune/adaptive_split.hpp has the rule). No host synchronisation; the grid is
   // unchanged; a uniform batch keeps the host's pick. Off: the host's pick for uniform routing always.
   bool adaptive_split = true;
+  // One token's output must not depend on the batch it came in (the same bits whatever the token count):
+  // the tile shape is then chosen from the layer's shape alone, never per token bucket from the table.
+  // Results are already independent of n_comm, groups, repeats and the other tokens' routing.
+  bool batch_invariant = false;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;

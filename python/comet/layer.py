@@ -65,7 +65,7 @@ class MoELayer(nn.Module):
                  activation: str = "swiglu", *, team: Optional[Team] = None, max_tokens: int = 4096,
                  max_rows: int = 0, router: bool = False, renormalize: bool = True, shared_ffn: int = 0,
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
-                 adaptive_split: bool = True, checking: bool = False):
+                 adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False):
         super().__init__()
         if dtype != torch.bfloat16:
             raise TypeError(f"MoELayer: the expert kernels run bf16 (fp8 later), got dtype {dtype}")
@@ -73,7 +73,8 @@ class MoELayer(nn.Module):
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,
                                max_tokens=max_tokens, max_rows=max_rows, tile_n=tile_n, n_comm=n_comm,
-                               adaptive_split=adaptive_split, checking=checking)
+                               adaptive_split=adaptive_split, batch_invariant=batch_invariant,
+                               checking=checking)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         e = self.engine

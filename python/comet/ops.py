@@ -36,6 +36,10 @@ class FusedMoE:
     """A distributed MoE layer's engine without parameters: buffers, team, tuner. Call it with the expert
     weights (see comet.weights for their layout), or use comet.MoELayer, which owns them.
 
+    batch_invariant=True: a token's output bits do not depend on the batch it came in (the tile shape
+    is then chosen from the layer's shape alone); checking=True: synchronise after every call and raise
+    what the device reported (bad expert ids, timeouts) at once.
+
     Device memory per local rank (bf16, T = max_tokens, R = max_rows, W ranks):
       gathered tokens and expert outputs 2 R H, hidden R F/tp, own partials T H, and the exported
       buffers (tokens T H, receive slots W T H, routing T k 8 bytes), all x 2 bytes for bf16;
@@ -48,8 +52,8 @@ class FusedMoE:
                  activation: str = "swiglu", *, max_tokens: int, max_rows: int = 0,
                  tile_n: tuple[Optional[int], Optional[int]] = (None, None),
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
-                 adaptive_split: bool = True, checking: bool = False, tune_table: str = "",
-                 use_torch_allocator: bool = True):
+                 adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
+                 tune_table: str = "", use_torch_allocator: bool = True):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         _lib.require_cuda("comet.FusedMoE")
@@ -67,7 +71,8 @@ class FusedMoE:
         self.native = _lib.C.FusedMoe(
             team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
             max_rows, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0], layer1_tile_n=tile_n[1],
-            layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, checking=checking, tune_table=tune_table,
+            layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, batch_invariant=batch_invariant,
+            checking=checking, tune_table=tune_table,
             allocate=alloc, release=release)
         # Plain attributes (not calls into the extension), so that torch.compile traces a call without a break.
         self.local_ranks = team.local_ranks

@@ -178,12 +178,13 @@ NB_MODULE(_C, m) {
           [](FusedMoe* self, Team& team, int hidden, int ffn, int experts, int topk, const std::string& activation,
              int ep, int tp, int max_tokens, int max_rows, std::optional<int> layer0_tile_n,
              std::optional<int> layer0_n_comm, std::optional<int> layer1_tile_n, std::optional<int> layer1_n_comm,
-             bool adaptive_split, bool checking, const std::string& tune_table, std::optional<nb::object> allocate,
-             std::optional<nb::object> release) {
+             bool adaptive_split, bool batch_invariant, bool checking, const std::string& tune_table,
+             std::optional<nb::object> allocate, std::optional<nb::object> release) {
             MoeOptions o;
             o.layer0 = request(layer0_tile_n, layer0_n_comm);
             o.layer1 = request(layer1_tile_n, layer1_n_comm);
             o.adaptive_split = adaptive_split;
+            o.batch_invariant = batch_invariant;
             o.checking = checking;
             o.tune_table = tune_table;
             o.allocator = allocator_from(std::move(allocate), std::move(release));
@@ -195,7 +196,7 @@ NB_MODULE(_C, m) {
           nb::arg("activation"), nb::arg("ep"), nb::arg("tp"), nb::arg("max_tokens"), nb::arg("max_rows") = 0,
           nb::arg("layer0_tile_n") = nb::none(), nb::arg("layer0_n_comm") = nb::none(),
           nb::arg("layer1_tile_n") = nb::none(), nb::arg("layer1_n_comm") = nb::none(),
-          nb::arg("adaptive_split") = true, nb::arg("checking") = false, nb::arg("tune_table") = "",
+          nb::arg("adaptive_split") = true, nb::arg("batch_invariant") = false, nb::arg("checking") = false, nb::arg("tune_table") = "",
           nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none())
       .def(
           "set_weights",

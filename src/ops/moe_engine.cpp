@@ -112,7 +112,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       cap_(cap),
       options_(options),
       planner_(shape, par, team.link(), device_caps(team.device()), load_table(options.tune_table),
-               options.adaptive_split) {
+               PlannerPolicy{options.adaptive_split, options.batch_invariant}) {
   validate(shape_, par_);
   COMET_REQUIRE(team_.world() == par_.world(), "FusedMoe: the team has ", team_.world(), " ranks but ep x tp = ",
                 par_.ep, " x ", par_.tp, " = ", par_.world());

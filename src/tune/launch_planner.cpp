@@ -19,8 +19,8 @@ int ceil_div(int a, int b) { return (a + b - 1) / b; }
 }  // namespace
 
 LaunchPlanner::LaunchPlanner(const MoeShape& shape, const Parallel& par, Link link, DeviceCaps caps, TuneTable table,
-                             bool adaptive_split)
-    : shape_(shape), par_(par), link_(link), caps_(std::move(caps)), table_(std::move(table)), adaptive_(adaptive_split) {}
+                             PlannerPolicy policy)
+    : shape_(shape), par_(par), link_(link), caps_(std::move(caps)), table_(std::move(table)), policy_(policy) {}
 
 TuneKey LaunchPlanner::key(int layer, int tokens, int load) const {
   TuneKey k;
@@ -76,9 +76,12 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
     v = LayerVariant{*request.tile_n, *request.n_comm, request.m_group.value_or(0), request.n_group.value_or(1)};
     d.picked_by = "forced";
   } else {
-    const TunedVariant t = pick_variant(table_, key(layer, picked_tokens),
-                                        expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256)),
-                                        request);
+    const LayerWork work = expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256));
+    LayerRequest r = request;
+    // Batch-invariant results: the table may pick a different tile per token bucket, and a tile shape
+    // can change a row's rounding; the cost model's shape depends on the layer's N alone.
+    if (policy_.batch_invariant && !r.tile_n) r.tile_n = model().best_tile_n(work);
+    const TunedVariant t = pick_variant(table_, key(layer, picked_tokens), work, r);
     v = t.variant;
     d.picked_by = t.picked_by;
     COMET_REQUIRE(is_compiled_tile(layer, v.tile_n), "FusedMoe ", name, ": the tuner's table asks for tile_n ",
@@ -106,7 +109,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   p.decision = d;
   // The kernel re-picks n_comm only where the tuner chose it and the launch has comm blocks inside the
   // GEMM (the sequential schedule is a host-side choice).
-  if (adaptive_ && mode == LayerMode::fused && !request.n_comm && d.n_comm > 0) {
+  if (policy_.adaptive_split && mode == LayerMode::fused && !request.n_comm && d.n_comm > 0) {
     p.adapt = adaptive_split(layer, picked_tokens, d);
     p.decision.adaptive = true;
   }

@@ -38,10 +38,16 @@ struct PlannedLaunch {
   AdaptiveSplit adapt;
 };
 
+// What the caller lets the planner vary (MoeOptions).
+struct PlannerPolicy {
+  bool adaptive_split = true;  // the kernel may re-pick n_comm from the batch's plan
+  bool batch_invariant = false;  // the tile shape depends on the layer's shape only (not the token count)
+};
+
 class LaunchPlanner {
  public:
   LaunchPlanner(const MoeShape& shape, const Parallel& par, Link link, DeviceCaps caps, TuneTable table,
-                bool adaptive_split);
+                PlannerPolicy policy = {});
 
   // The decision for a launch of `layer` in `mode` with `tokens` on this rank (memoised). Raises
   // InvalidArgument for a request the compiled kernels or this device cannot run.
@@ -64,7 +70,7 @@ class LaunchPlanner {
   Link link_;
   DeviceCaps caps_;
   TuneTable table_;
-  bool adaptive_;
+  PlannerPolicy policy_;
   // (layer, mode, tokens, tile_n, n_comm, m_group, n_group); an empty request field is -1.
   using Key = std::tuple<int, int, int, int, int, int, int>;
   mutable std::map<Key, PlannedLaunch> memo_;

@@ -23,7 +23,7 @@ DeviceCaps h200_like(int* queries = nullptr) {
 }
 
 LaunchPlanner planner(const Parallel& par, TuneTable table = {}, bool adaptive = true, int* queries = nullptr) {
-  return LaunchPlanner(kMixtral, par, Link::host, h200_like(queries), std::move(table), adaptive);
+  return LaunchPlanner(kMixtral, par, Link::host, h200_like(queries), std::move(table), PlannerPolicy{adaptive, false});
 }
 
 LayerRequest tile(int tile_n) {
@@ -147,6 +147,24 @@ TEST(LaunchPlanner, AdaptiveSplitOnlyWhereTheTunerChoseTheCommBlocks) {
   EXPECT_FALSE(on.plan(1, LayerMode::comm_only, 4096, tile(256)).decision.adaptive);
   const LaunchPlanner off = planner(Parallel{8, 1}, {}, false);
   EXPECT_FALSE(off.plan(1, LayerMode::fused, 4096, tile(256)).decision.adaptive);
+}
+
+// batch_invariant: the tile shape no longer follows the table's per-bucket entries (a token's bits would
+// change with the batch size), only the layer's shape; n_comm may still come from the table.
+TEST(LaunchPlanner, BatchInvariantPinsTheTileShape) {
+  TuneTable t;
+  const LaunchPlanner probe = planner(Parallel{8, 1});
+  t.put(probe.key(0, 1024), TuneEntry{LayerVariant{128, 6, 0, 1}, 1.0});
+  t.put(probe.key(0, 16384), TuneEntry{LayerVariant{256, 8, 0, 1}, 1.0});
+  const LaunchPlanner free(kMixtral, Parallel{8, 1}, Link::host, h200_like(), t, PlannerPolicy{true, false});
+  EXPECT_EQ(free.plan(0, LayerMode::fused, 1024, LayerRequest{}).decision.tile_n, 128);
+  EXPECT_EQ(free.plan(0, LayerMode::fused, 16384, LayerRequest{}).decision.tile_n, 256);
+  const LaunchPlanner pinned(kMixtral, Parallel{8, 1}, Link::host, h200_like(), t, PlannerPolicy{true, true});
+  const LaunchDecision& small = pinned.plan(0, LayerMode::fused, 1024, LayerRequest{}).decision;
+  const LaunchDecision& large = pinned.plan(0, LayerMode::fused, 16384, LayerRequest{}).decision;
+  EXPECT_EQ(small.tile_n, large.tile_n);
+  EXPECT_EQ(small.tile_n, 256);  // Mixtral's W0 shard (28672 rows) pads to no width
+  EXPECT_EQ(small.n_comm, 6);    // the table's comm blocks stay: they never change the result
 }
 
 }  // namespace

@@ -201,3 +201,12 @@ def test_private_buffers_come_from_torchs_allocator():
     layer(p.x, p.ids, p.gates)
     d = layer.engine.last_decision(1)
     assert d["tile_n"] in (128, 256) and d["picked_by"] in ("table", "cost_model")
+
+
+def test_a_tokens_output_does_not_depend_on_its_batch():
+    p = make_problem(ep=2, tp=2, tokens=(300, 250, 0, 280), routing="zipf", seed=12)
+    layer = layer_for(p, batch_invariant=True)
+    full = layer(p.x, p.ids, p.gates)
+    few = layer([x[:7] for x in p.x], [i[:7] for i in p.ids], [g[:7] for g in p.gates])
+    for r in range(p.world):
+        assert torch.equal(full[r][:7], few[r]), r

@@ -101,6 +101,13 @@ class Team {
   // Enqueue on every local rank's stream: no rank's stream passes until all W ranks reached it.
   virtual void barrier() = 0;
 
+  // Collective: every process passes its own description of something all ranks must agree on (a
+  // layer's shape and layout, say); raises InvalidArgument naming `what` and the first rank whose
+  // bytes differ. One process (LocalTeam) agrees with itself.
+  virtual void require_agreement(const void* mine, size_t bytes, const std::string& what) {
+    (void)mine, (void)bytes, (void)what;
+  }
+
   TeamDeviceView device_view(int rank) const;
   void set_timeout(double seconds);
   double timeout() const { return timeout_ns_ * 1e-9; }
@@ -168,6 +175,7 @@ class IpcTeam final : public Team {
   SymmetricId alloc_symmetric(size_t bytes) override;
   // Device barrier over the signal words (graph-safe: its epoch lives in device memory).
   void barrier() override;
+  void require_agreement(const void* mine, size_t bytes, const std::string& what) override;
   int rank() const { return rank_; }
 
  private:

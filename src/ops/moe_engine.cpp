@@ -122,6 +122,14 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   COMET_REQUIRE(bool(options_.allocator.allocate) == bool(options_.allocator.release),
                 "FusedMoe: DeviceAllocator needs both allocate and release (or neither)");
   if (!options_.allocator.release) options_.allocator.release = [](void* p) { cudaFree(p); };
+  {
+    // Processes that build different layers would size the same buffers alike and read each other
+    // wrongly: agree on everything that shapes what peers read, before the first symmetric buffer.
+    const int32_t config[] = {shape_.hidden, shape_.ffn,   shape_.num_experts, shape_.topk,
+                              int32_t(shape_.act), par_.ep, par_.tp,            cap_.max_tokens_per_rank};
+    team_.require_agreement(config, sizeof(config),
+                            "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens)");
+  }
   cap_.max_rows_per_rank = cap_.max_rows_per_rank == 0 ? default_rows(shape_, par_, cap_.max_tokens_per_rank)
                                                        : round_up(cap_.max_rows_per_rank, kTileM);
   set_dispatch_store_lag(options_.dispatch_store_lag);

@@ -107,6 +107,14 @@ SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
   return register_allocation(std::move(a));
 }
 
+void IpcTeam::require_agreement(const void* mine, size_t bytes, const std::string& what) {
+  std::vector<char> all(bytes * world_);
+  all_gather_(mine, all.data(), bytes);
+  for (int p = 0; p < world_; ++p)
+    COMET_REQUIRE(std::memcmp(all.data() + p * bytes, mine, bytes) == 0, what, ": rank ", p, " and rank ", rank_,
+                  " disagree; every rank must build the same layer");
+}
+
 void IpcTeam::barrier() {
   ScopedDevice guard(device_);
   auto* const* areas = reinterpret_cast<uint64_t* const*>(peer_ptrs(signals_, rank_));

@@ -36,6 +36,15 @@ std::string check_fused_layer(IpcTeam& team) {
   moe.sync_and_check();
   const auto again = mine->output();
   if (std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) != 0) return "fused layer: second run differs";
+  // Ranks that build different layers (here: top-k) are refused on every rank, before any buffer exists.
+  const MoeShape other{256, 512, 8, rank == 0 ? shape.topk : shape.topk + 1, Activation::swiglu};
+  try {
+    FusedMoe bad(team, other, par, MoeCapacity{p.max_tokens(), 0});
+    return "fused layer: ranks with different top-k were not refused";
+  } catch (const InvalidArgument& e) {
+    if (std::string(e.what()).find("disagree") == std::string::npos)
+      return std::string("fused layer: the mismatch was refused, but not for disagreeing: ") + e.what();
+  }
   return "";
 }
 

@@ -98,14 +98,14 @@ def reference_moe(p: Problem, x: torch.Tensor, ids: torch.Tensor, gates: torch.T
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.float().cpu(), want.float().cpu()
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
     if want.numel() == 0:
         return 0.0
     return float((got - want).norm() / want.norm().clamp_min(1e-30))
 
 
 def worst_row_error(got: torch.Tensor, want: torch.Tensor) -> float:
-    got, want = got.float().cpu(), want.float().cpu()
+    got, want = got.detach().float().cpu(), want.detach().float().cpu()
     if want.numel() == 0:
         return 0.0
     return float(((got - want).norm(dim=1) / want.norm(dim=1).clamp_min(1e-6)).max())

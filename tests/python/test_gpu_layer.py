@@ -136,10 +136,19 @@ def test_torch_compile_fullgraph_matches_eager():
     p = make_problem(ep=1, tokens=(100,), seed=8)
     layer = layer_for(p)
     block = Block(layer)
-    eager = block(p.x[0], p.ids[0], p.gates[0])
-    compiled = torch.compile(block, fullgraph=True)
-    got = compiled(p.x[0], p.ids[0], p.gates[0])
+    with torch.no_grad():  # inference: a training graph needs the backward (below)
+        eager = block(p.x[0], p.ids[0], p.gates[0])
+        compiled = torch.compile(block, fullgraph=True)
+        got = compiled(p.x[0], p.ids[0], p.gates[0])
     assert torch.equal(got, eager)
+
+
+def test_training_says_the_backward_is_missing():
+    p = make_problem(ep=2, tokens=(20, 30), seed=13)
+    layer = layer_for(p)
+    out = layer(p.x, p.ids, p.gates)
+    with pytest.raises(NotImplementedError, match="backward is not built yet"):
+        sum(o.float().sum() for o in out).backward()
 
 
 def test_cuda_graph_capture_and_replay():

@@ -15,7 +15,8 @@
 #include <cuda_bf16.h>
 
 #include "kernels/bf16x8.cuh"
-#include "kernels/bulk_copy.cuh"
+#include "ptx/bulk_copy.cuh"
+#include "ptx/cp_async.cuh"
 #include "kernels/layer_args.hpp"
 #include "team/device_wait.cuh"
 
@@ -25,16 +26,6 @@ namespace comet::kernels {
 // (as many as the kernel's shared memory holds for all warps of the block).
 constexpr int kCombineSlices = 16;
 constexpr int kCombineSliceBytes = 512;  // 256 columns of bf16: 32 lanes x 16 bytes
-
-__device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dev::smem_address(smem_dst)), "l"(gmem_src)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 // Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
 // The launcher checks that smem_bytes holds at least k slices x 2 per warp.
@@ -95,9 +86,9 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     for (int p = 0; p < b.count * k; ++p) {
       const int row = __shfl_sync(0xffffffffu, b.row, p);
       const int col = __shfl_sync(0xffffffffu, b.chunk, p / k) * kChunk + lane * 8;
-      if (row >= 0 && col < c.hidden) cp_async_16(dst + p * kCombineSliceBytes, c.y + size_t(row) * c.hidden + col);
+      if (row >= 0 && col < c.hidden) dev::cp_async_16(dst + p * kCombineSliceBytes, c.y + size_t(row) * c.hidden + col);
     }
-    cp_async_commit();
+    dev::cp_async_commit();
     return b;
   };
   // Sums the batch's slices (fp32, slot order) and ships the partial rows.
@@ -131,9 +122,9 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     Batch upcoming;
     if (next < n_batches) {
       upcoming = issue(next, buf ^ 1);
-      cp_async_wait<1>();  // the current batch's copies are done; the next one's stay in flight
+      dev::cp_async_wait<1>();  // the current batch's copies are done; the next one's stay in flight
     } else {
-      cp_async_wait<0>();
+      dev::cp_async_wait<0>();
     }
     finish(current, buf);
     if (next >= n_batches) break;

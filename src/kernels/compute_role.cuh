@@ -13,6 +13,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "kernels/gemm_config.cuh"
+#include "ptx/barrier.cuh"
 
 namespace comet::kernels {
 
@@ -92,6 +93,6 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
 
 // Named barrier over the 256 consumer threads (id 0 is __syncthreads; CUTLASS's epilogues, which we
 // do not use here, reserve low ids, so we take a high one).
-__device__ __forceinline__ void consumer_barrier() { asm volatile("bar.sync 12, 256;" ::: "memory"); }
+__device__ __forceinline__ void consumer_barrier() { dev::named_barrier_sync<12, 256>(); }
 
 }  // namespace comet::kernels

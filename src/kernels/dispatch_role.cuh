@@ -20,7 +20,7 @@
 
 #include <cuda_bf16.h>
 
-#include "kernels/bulk_copy.cuh"
+#include "ptx/bulk_copy.cuh"
 #include "kernels/layer_args.hpp"
 #include "team/device_wait.cuh"
 

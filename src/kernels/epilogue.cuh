@@ -16,19 +16,15 @@
 #include "comet/shape.hpp"
 #include "kernels/compute_role.cuh"
 #include "kernels/layer_args.hpp"
+#include "ptx/math.cuh"
 
 namespace comet::kernels {
 
 // Fast-math forms (no slow-path calls in the epilogue); their error is far below bf16's rounding.
 __device__ __forceinline__ float silu(float z) { return __fdividef(z, 1.0f + __expf(-z)); }
-__device__ __forceinline__ float tanh_approx(float x) {
-  float y;
-  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 __device__ __forceinline__ float gelu_tanh(float z) {
   const float c = 0.7978845608028654f;  // sqrt(2 / pi)
-  return 0.5f * z * (1.0f + tanh_approx(c * (z + 0.044715f * z * z * z)));
+  return 0.5f * z * (1.0f + dev::tanh_approx(c * (z + 0.044715f * z * z * z)));
 }
 
 __device__ __forceinline__ void store_bf16x2(__nv_bfloat16* p, float a, float b) {

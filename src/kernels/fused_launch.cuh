@@ -69,23 +69,22 @@ void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
   COMET_CUDA_CHECK_LAUNCH();
 }
 
+template <int TileN>
+LaunchLimits layer0_limits_tile() {
+  return layer0_limits_for<GemmConfig<kTileM, TileN>>();
+}
+template <int TileN>
+void launch_layer0_tile(const Layer0Launch& l, cudaStream_t stream) {
+  launch_layer0_for<GemmConfig<kTileM, TileN>>(l, stream);
+}
+template <int TileN>
+LaunchLimits layer1_limits_tile() {
+  return layer1_limits_for<GemmConfig<kTileM, TileN>>();
+}
+template <int TileN>
+void launch_layer1_tile(const Layer1Launch& l, cudaStream_t stream) {
+  launch_layer1_for<GemmConfig<kTileM, TileN>>(l, stream);
+}
+
 }  // namespace comet::kernels
 
-// One .cu per tile shape defines these through these macros (a layer-0-only shape for N that wide
-// tiles pad badly: layer 1's N is the hidden size, a multiple of 256 in every model we know, and its
-// combine ships 256-column chunks).
-#define COMET_DEFINE_FUSED_LAYER0(TM, TN)                                                                    \
-  namespace comet::kernels {                                                                                 \
-  LaunchLimits layer0_limits_##TM##x##TN() { return layer0_limits_for<GemmConfig<TM, TN>>(); }                \
-  void launch_layer0_##TM##x##TN(const Layer0Launch& l, cudaStream_t s) {                                     \
-    launch_layer0_for<GemmConfig<TM, TN>>(l, s);                                                              \
-  }                                                                                                          \
-  }
-#define COMET_DEFINE_FUSED_LAYERS(TM, TN)                                                                    \
-  COMET_DEFINE_FUSED_LAYER0(TM, TN)                                                                          \
-  namespace comet::kernels {                                                                                 \
-  LaunchLimits layer1_limits_##TM##x##TN() { return layer1_limits_for<GemmConfig<TM, TN>>(); }                \
-  void launch_layer1_##TM##x##TN(const Layer1Launch& l, cudaStream_t s) {                                     \
-    launch_layer1_for<GemmConfig<TM, TN>>(l, s);                                                              \
-  }                                                                                                          \
-  }

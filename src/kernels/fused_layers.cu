@@ -1,38 +1,40 @@
-// Picks the compiled tile shape for a launch.
+// The fused layers' entry points by tile width: a dispatch over the compiled widths (fused_layers.hpp).
 #include "kernels/fused_layers.hpp"
+
+#include <type_traits>
 
 #include "comet/common.hpp"
 
 namespace comet::kernels {
+namespace {
 
-LaunchLimits layer0_limits_128x256();
-LaunchLimits layer0_limits_128x192();
-LaunchLimits layer0_limits_128x128();
-LaunchLimits layer1_limits_128x256();
-LaunchLimits layer1_limits_128x128();
-void launch_layer0_128x256(const Layer0Launch&, cudaStream_t);
-void launch_layer0_128x192(const Layer0Launch&, cudaStream_t);
-void launch_layer0_128x128(const Layer0Launch&, cudaStream_t);
-void launch_layer1_128x256(const Layer1Launch&, cudaStream_t);
-void launch_layer1_128x128(const Layer1Launch&, cudaStream_t);
+// Calls fn(std::integral_constant<int, W>) for the compiled width W == tile_n.
+template <class Tiles, class Fn>
+void with_tile(int tile_n, const char* layer, Fn&& fn) {
+  bool found = false;
+  [&]<int... W>(std::integer_sequence<int, W...>) {
+    ((tile_n == W ? (fn(std::integral_constant<int, W>{}), found = true) : false), ...);
+  }(Tiles{});
+  COMET_REQUIRE(found, "fused ", layer, ": no compiled tile 128x", tile_n);
+}
+
+}  // namespace
 
 LaunchLimits layer0_limits(int tile_n) {
-  COMET_REQUIRE(is_supported_tile_n(tile_n, 0), "fused layer 0: no compiled tile 128x", tile_n);
-  return tile_n == 256 ? layer0_limits_128x256() : tile_n == 192 ? layer0_limits_128x192() : layer0_limits_128x128();
+  LaunchLimits lim;
+  with_tile<Layer0Tiles>(tile_n, "layer 0", [&](auto w) { lim = layer0_limits_tile<decltype(w)::value>(); });
+  return lim;
 }
 LaunchLimits layer1_limits(int tile_n) {
-  COMET_REQUIRE(is_supported_tile_n(tile_n, 1), "fused layer 1: no compiled tile 128x", tile_n);
-  return tile_n == 256 ? layer1_limits_128x256() : layer1_limits_128x128();
+  LaunchLimits lim;
+  with_tile<Layer1Tiles>(tile_n, "layer 1", [&](auto w) { lim = layer1_limits_tile<decltype(w)::value>(); });
+  return lim;
 }
 void launch_layer0(const Layer0Launch& l, cudaStream_t stream) {
-  COMET_REQUIRE(is_supported_tile_n(l.tile_n, 0), "fused layer 0: no compiled tile 128x", l.tile_n);
-  if (l.tile_n == 256) launch_layer0_128x256(l, stream);
-  else if (l.tile_n == 192) launch_layer0_128x192(l, stream);
-  else launch_layer0_128x128(l, stream);
+  with_tile<Layer0Tiles>(l.tile_n, "layer 0", [&](auto w) { launch_layer0_tile<decltype(w)::value>(l, stream); });
 }
 void launch_layer1(const Layer1Launch& l, cudaStream_t stream) {
-  COMET_REQUIRE(is_supported_tile_n(l.tile_n, 1), "fused layer 1: no compiled tile 128x", l.tile_n);
-  l.tile_n == 256 ? launch_layer1_128x256(l, stream) : launch_layer1_128x128(l, stream);
+  with_tile<Layer1Tiles>(l.tile_n, "layer 1", [&](auto w) { launch_layer1_tile<decltype(w)::value>(l, stream); });
 }
 
 }  // namespace comet::kernels

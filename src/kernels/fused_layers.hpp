@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <utility>
+
 #include "comet/team.hpp"
 #include "comet/variant.hpp"
 #include "tune/adaptive_split.hpp"
@@ -13,11 +15,19 @@ namespace comet::kernels {
 
 using Mode = LayerMode;
 
-// Compiled GEMM tile shapes (TileM is always 128, the plan's tile_m).
+// Compiled GEMM tile shapes: TileM is always 128 (the plan's tile_m); the widths below, one
+// fused_tile128xN.cu each. Layer 0 also has 192 (N that pads badly to 256: Qwen2 TP 8's 352); layer 1's N
+// is the hidden size, a multiple of 256 in every model we know, and its combine ships 256-column chunks.
 inline constexpr int kTileM = 128;
-// Layer 0 also has 128x192 (N that pads badly to 256); layer 1 has 128 and 256.
+using Layer0Tiles = std::integer_sequence<int, 128, 192, 256>;
+using Layer1Tiles = std::integer_sequence<int, 128, 256>;
+
+template <int... T>
+constexpr bool has_tile(std::integer_sequence<int, T...>, int tile_n) {
+  return ((tile_n == T) || ...);
+}
 inline bool is_supported_tile_n(int tile_n, int layer) {
-  return tile_n == 128 || tile_n == 256 || (layer == 0 && tile_n == 192);
+  return layer == 0 ? has_tile(Layer0Tiles{}, tile_n) : has_tile(Layer1Tiles{}, tile_n);
 }
 
 // How a launch splits its persistent grid and whom it reports to, the same for both layers (the
@@ -63,6 +73,17 @@ struct LaunchLimits {
   int sms = 0;
   int max_blocks = 0;
 };
+// One compiled tile's entry points (fused_launch.cuh defines them, fused_tile128xN.cu instantiates).
+template <int TileN>
+LaunchLimits layer0_limits_tile();
+template <int TileN>
+void launch_layer0_tile(const Layer0Launch& l, cudaStream_t stream);
+template <int TileN>
+LaunchLimits layer1_limits_tile();
+template <int TileN>
+void launch_layer1_tile(const Layer1Launch& l, cudaStream_t stream);
+
+// The entry points by tile width (InvalidArgument for a width that is not compiled).
 LaunchLimits layer0_limits(int tile_n);
 LaunchLimits layer1_limits(int tile_n);
 

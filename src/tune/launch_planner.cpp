@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "comet/common.hpp"
+#include "kernels/fused_layers.hpp"  // the compiled tile widths
 
 namespace comet {
 
@@ -12,7 +13,7 @@ namespace {
 constexpr int kTileM = 128;     // every compiled tile is 128 rows (the plan's tile_m)
 constexpr int kMaxGroup = 1024;  // m_group / n_group: far above any useful value, far below int overflow
 
-bool is_compiled_tile(int layer, int tile_n) { return tile_n == 128 || tile_n == 256 || (layer == 0 && tile_n == 192); }
+bool is_compiled_tile(int layer, int tile_n) { return kernels::is_supported_tile_n(tile_n, layer); }
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 

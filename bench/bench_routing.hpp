@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "comet/shape.hpp"
-#include "support/routing_gen.hpp"
+#include "harness/routing_gen.hpp"
 
 namespace comet::bench {
 

@@ -7,7 +7,7 @@
 #include <numeric>
 
 #include "comet/cuda_check.hpp"
-#include "support/device_random.hpp"
+#include "harness/device_random.hpp"
 
 namespace comet::bench {
 namespace {

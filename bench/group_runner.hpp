@@ -13,7 +13,7 @@
 #include "event_timer.hpp"
 #include "models.hpp"
 #include "records.hpp"
-#include "support/device_buffer.hpp"
+#include "harness/device_buffer.hpp"
 
 namespace comet::bench {
 

@@ -10,7 +10,7 @@
 
 #include "comet/reference.hpp"
 #include "support/expect_invalid.hpp"
-#include "support/routing_gen.hpp"
+#include "harness/routing_gen.hpp"
 
 using namespace comet;
 namespace ref = comet::reference;

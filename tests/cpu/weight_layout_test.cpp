@@ -11,7 +11,7 @@
 #include "comet/reference.hpp"
 #include "comet/weight_layout.hpp"
 #include "support/expect_invalid.hpp"
-#include "support/routing_gen.hpp"
+#include "harness/routing_gen.hpp"
 
 using namespace comet;
 using comet::testing::expect_invalid;

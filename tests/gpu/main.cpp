@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "support/gpu_presence.hpp"
+#include "harness/gpu_presence.hpp"
 
 int main(int argc, char** argv) {
   if (!comet::testing::has_gpu()) {

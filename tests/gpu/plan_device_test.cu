@@ -18,7 +18,7 @@
 #include "comet/device_plan.hpp"
 #include "comet/plan.hpp"
 #include "support/plan_configs.hpp"
-#include "support/routing_gen.hpp"
+#include "harness/routing_gen.hpp"
 
 namespace comet {
 namespace {

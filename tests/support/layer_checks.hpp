@@ -7,7 +7,7 @@
 
 #include "comet/bf16.hpp"
 #include "ops/moe_engine.hpp"
-#include "support/moe_problem.hpp"
+#include "harness/moe_problem.hpp"
 
 namespace comet::testing {
 

@@ -14,8 +14,8 @@
 #include "comet/plan.hpp"
 #include "comet/reference.hpp"
 #include "comet/version.hpp"
-#include "support/gpu_presence.hpp"
-#include "support/moe_problem.hpp"
+#include "harness/gpu_presence.hpp"
+#include "harness/moe_problem.hpp"
 
 using namespace comet;
 using namespace comet::testing;

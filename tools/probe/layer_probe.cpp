@@ -13,9 +13,9 @@
 #include "comet/fused_moe.hpp"
 #include "ops/moe_engine.hpp"
 #include "comet/plan.hpp"
-#include "support/device_buffer.hpp"
-#include "support/device_random.hpp"
-#include "support/routing_gen.hpp"
+#include "harness/device_buffer.hpp"
+#include "harness/device_random.hpp"
+#include "harness/routing_gen.hpp"
 
 using namespace comet;
 using namespace comet::testing;

@@ -13,7 +13,7 @@
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "support/layer_checks.hpp"
-#include "support/moe_problem.hpp"
+#include "harness/moe_problem.hpp"
 
 using namespace comet;
 using namespace comet::testing;

@@ -7,7 +7,7 @@
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "ipc/ops/ipc_fused.hpp"
-#include "support/moe_problem.hpp"
+#include "harness/moe_problem.hpp"
 
 namespace comet::ipc_test {
 

@@ -1,4 +1,4 @@
-#include "support/gpu_presence.hpp"
+#include "harness/gpu_presence.hpp"
 
 #include <cuda_runtime.h>
 

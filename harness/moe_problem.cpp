@@ -1,4 +1,4 @@
-#include "support/moe_problem.hpp"
+#include "harness/moe_problem.hpp"
 
 #include <algorithm>
 #include <cmath>

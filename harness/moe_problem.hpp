@@ -9,8 +9,8 @@
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "comet/weight_layout.hpp"
-#include "support/device_buffer.hpp"
-#include "support/routing_gen.hpp"
+#include "harness/device_buffer.hpp"
+#include "harness/routing_gen.hpp"
 
 namespace comet::testing {
 

@@ -1,4 +1,4 @@
-#include "support/device_random.hpp"
+#include "harness/device_random.hpp"
 
 #include <cuda_bf16.h>
 

@@ -1,4 +1,4 @@
-#include "support/routing_gen.hpp"
+#include "harness/routing_gen.hpp"
 
 #include <algorithm>
 #include <cmath>

@@ -109,7 +109,11 @@ std::string gpu_name() {
   return p.name;
 }
 
-int run(int argc, char** argv) {
+}  // namespace
+
+namespace comet::bench {
+
+int run_sweep(int argc, char** argv) {
   const BenchOptions o = parse_options(argc, argv);
   RunInfo info{o.estimate_only ? "unknown" : "", o.commit};
   double device_limit = o.mem_limit_gib * (1ull << 30);
@@ -231,13 +235,13 @@ int run(int argc, char** argv) {
   return failures_in_a_row >= 3 ? 1 : 0;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "comet-bench: %s\n", e.what());
-    return 1;
-  }
+int run_sweep(const std::vector<std::string>& args) {
+  std::vector<std::string> own{"comet-bench"};
+  own.insert(own.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : own) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  return run_sweep(int(own.size()), argv.data());
 }
+
+}  // namespace comet::bench

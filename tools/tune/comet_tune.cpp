@@ -2,7 +2,7 @@
 //
 //   comet-tune --model mixtral --layout ep8 --link host --tokens 1024,4096 [--n-comm 0,1,2,4,8,16,24,32]
 //              [--routings uniform,zipf1.2]
-//       measures on this GPU: runs comet-bench's comet sweep (fused at every n_comm, 0 being the
+//       measures on this GPU: runs the benchmark's comet sweep in-process (fused at every n_comm, 0 being the
 //       sequential mode; comm-only at every n_comm; gemm-only) for the config, then records the best
 //       variant per (layer, tokens bucket) and calibrates the cost model (GEMM rate per SM, per-block
 //       comm rates, link ceiling); skewed batches (--routings, default uniform,zipf1.2) give the
@@ -21,7 +21,6 @@
 //       which tables a FusedMoe loads by default (the shipped one, then the user's over it)
 //   comet-tune --lookup-overhead
 //       how long a pick takes (table hit, cost model), on the host
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +38,7 @@
 
 #include "tune/cost_model_eval.hpp"
 #include "comet/tune.hpp"
+#include "comet_bench.hpp"
 #include "models.hpp"
 
 using namespace comet;
@@ -310,29 +310,14 @@ std::vector<json> read_records(const std::string& path) {
   return j.get<std::vector<json>>();
 }
 
-// Runs comet-bench (next to this executable: ../bench/comet-bench) for the config; returns its JSON path.
-std::string measure(const Args& a, const char* argv0) {
-  const std::filesystem::path self = std::filesystem::canonical(std::filesystem::path(argv0).is_absolute()
-                                                                    ? std::filesystem::path(argv0)
-                                                                    : std::filesystem::current_path() / argv0);
-  const std::string bench = (self.parent_path().parent_path() / "bench" / "comet-bench").string();
+// Runs the benchmark's sweep in this process for the config; returns the path of its JSON records.
+std::string measure(const Args& a) {
   const std::string out = (std::filesystem::temp_directory_path() / ("comet-tune-" + std::to_string(getpid()) + ".json")).string();
-  std::vector<std::string> cmd{bench,       "--models", a.model,          "--layouts",  a.layout,  "--links", a.link,
-                               "--routings", a.routings, "--tokens",       a.tokens,     "--n-comm", a.n_comm,
-                               "--systems",  "comet",   "--layers",       "l0,l1",      "--comm-all", "--out", out};
-  std::fprintf(stderr, "comet-tune: measuring with %s (its progress follows)\n", bench.c_str());
-  std::vector<char*> argv;
-  for (auto& s : cmd) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid == 0) {
-    execv(argv[0], argv.data());
-    std::perror("comet-tune: exec comet-bench");
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  COMET_REQUIRE(WIFEXITED(status) && WEXITSTATUS(status) == 0, "comet-tune: comet-bench failed");
+  const std::vector<std::string> args{"--models",  a.model,   "--layouts", a.layout, "--links",  a.link,
+                                      "--routings", a.routings, "--tokens", a.tokens, "--n-comm", a.n_comm,
+                                      "--systems", "comet",    "--layers",  "l0,l1",  "--comm-all", "--out", out};
+  std::fprintf(stderr, "comet-tune: measuring with the benchmark's sweep (its progress follows)\n");
+  COMET_REQUIRE(bench::run_sweep(args) == 0, "comet-tune: the benchmark sweep failed");
   return out;
 }
 
@@ -421,7 +406,7 @@ int main(int argc, char** argv) {
       evaluate(records, a, TuneTable::load(a.table));
       return 0;
     }
-    if (!a.model.empty()) a.results.push_back(measure(a, argv[0]));
+    if (!a.model.empty()) a.results.push_back(measure(a));
     if (a.results.empty()) throw InvalidArgument("comet-tune: nothing to do (--model or --from-results)");
     std::vector<json> records;
     for (const auto& p : a.results) {

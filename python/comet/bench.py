@@ -60,12 +60,12 @@ def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
     logits = [torch.randn(tokens, E, device="cuda", generator=gen) for _ in range(world)]
     routed = [comet.route(lg, k) for lg in logits]
     ids, gates = [r[0] for r in routed], [r[1] for r in routed]
-    w0, w1 = list(layer.w0.detach()), list(layer.w1.detach())
+    w0, w1 = layer.w0.detach(), layer.w1.detach()
     eng = layer.engine
     x1 = xs if world > 1 else xs[0]
     with torch.no_grad():
         module = lambda: layer(x1, ids if world > 1 else ids[0], gates if world > 1 else gates[0])  # noqa: E731
-        op = lambda: torch.ops.comet.moe_forward(xs, ids, gates, w0, w1, eng.handle)  # noqa: E731
+        op = lambda: torch.ops.comet.moe_forward.default(xs, ids, gates, w0, w1, eng.handle)  # noqa: E731
         out = torch.empty_like(xs[0])
         stream = torch.cuda.current_stream().cuda_stream
         if world == 1:
@@ -75,7 +75,7 @@ def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
             outs = [torch.empty_like(x) for x in xs]
             batches = [(tokens, x.data_ptr(), i.data_ptr(), True, g.data_ptr(), o.data_ptr(), 0)
                        for x, i, g, o in zip(xs, ids, gates, outs)]
-            weights = [(a.data_ptr(), b.data_ptr()) for a, b in zip(w0, w1)]
+            weights = [(a.data_ptr(), b.data_ptr()) for a, b in zip(list(w0), list(w1))]
             ext = lambda: eng.native.forward(weights, batches, stream)  # noqa: E731
         records = []
         for name, fn in (("ext", ext), ("op", op), ("module", module)):

@@ -132,7 +132,8 @@ class MoELayer(nn.Module):
         single = isinstance(hidden_states, torch.Tensor)
         xs = [hidden_states] if single else list(hidden_states)
         shapes = [x.shape for x in xs]
-        xs = [x.reshape(-1, self.hidden_size) for x in xs]
+        H = self.hidden_size
+        xs = [x if x.dim() == 2 else x.reshape(-1, H) for x in xs]
         if topk_ids is None:
             if topk_weights is not None:
                 raise ValueError("topk_weights given without topk_ids")
@@ -149,12 +150,13 @@ class MoELayer(nn.Module):
                 raise ValueError("topk_ids given without topk_weights")
             ids = [topk_ids] if single else list(topk_ids)
             gates = [topk_weights] if single else list(topk_weights)
-            ids = [i.reshape(-1, self.top_k) for i in ids]
-            gates = [g.reshape(-1, self.top_k) for g in gates]
-        out = self.engine(xs, ids, gates, list(self.w0), list(self.w1))
+            k = self.top_k
+            ids = [i if i.dim() == 2 else i.reshape(-1, k) for i in ids]
+            gates = [g if g.dim() == 2 else g.reshape(-1, k) for g in gates]
+        out = self.engine(xs, ids, gates, self.w0, self.w1)
         if self.shared is not None:
             out = [o + self.shared(x) for o, x in zip(out, xs)]
-        out = [o.reshape(s) for o, s in zip(out, shapes)]
+        out = [o if o.shape == s else o.reshape(s) for o, s in zip(out, shapes)]
         return out[0] if single else out
 
     def extra_repr(self) -> str:

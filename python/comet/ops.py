@@ -4,9 +4,12 @@ Every op runs on the caller's current CUDA stream, makes no host synchronisation
 capturable) and has a fake (meta) kernel, so ``torch.compile(fullgraph=True)`` traces it without a graph
 break. Lists hold one tensor per rank this process drives (one under torchrun, W for a local team).
 
-  comet::moe_forward(x[], ids[], gates[], w0[], w1[], handle) -> out[]    the whole layer (fused)
-  comet::moe_layer0(x[], ids[], gates[], w0[], handle) -> hidden[]        dispatch + GEMM0 + activation
-  comet::moe_layer1(hidden[], ids[], w1[], handle) -> out[]               GEMM1 + top-k combine
+  comet::moe_forward(x[], ids[], gates[], w0, w1, handle) -> out[]    the whole layer (fused)
+  comet::moe_layer0(x[], ids[], gates[], w0, handle) -> hidden[]      dispatch + GEMM0 + activation
+  comet::moe_layer1(hidden[], ids[], w1, handle) -> out[]             GEMM1 + top-k combine
+
+w0 / w1 are the local ranks' weights stacked, [L, E_l, N0_s, H] and [L, E_l, H, F_s] (MoELayer's
+parameters as they are: no per-call unbinding).
 
 A handle names a FusedMoE (the layer's buffers, team and tuner state). moe_layer1 consumes the routing
 staged by the last moe_layer0 of the same handle; hidden holds the plan's rows ([max_rows, F/tp], rows
@@ -26,6 +29,7 @@ from .team import Team
 
 _ACTIVATIONS = ("swiglu", "gelu", "silu")
 _IDS_DTYPES = (torch.int32, torch.int64)
+_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)  # the fast path; subclasses take the full check
 
 # handle -> (native FusedMoe, its ranks' indices in the lists); an int crosses the op boundary.
 _registry: dict[int, tuple] = {}
@@ -97,12 +101,17 @@ class FusedMoE:
         self.native.sync_and_check()
 
     def __call__(self, x, ids, gates, w0, w1):
-        """The whole layer: one tensor each (one local rank) or lists (a local team)."""
+        """The whole layer: one tensor each (one local rank) or lists (a local team); w0 / w1 are the local
+        ranks' weights stacked, [L, E_l, N0_s, H] / [L, E_l, H, F_s] (or one rank's without the L)."""
         single = isinstance(x, torch.Tensor)
-        x, ids, gates, w0, w1 = (_as_list(v) for v in (x, ids, gates, w0, w1))
+        if single:
+            x, ids, gates = [x], [ids], [gates]
+        else:
+            x, ids, gates = list(x), list(ids), list(gates)
         gates = [g if g.dtype == torch.float32 else g.float() for g in gates]
+        w0, w1 = stacked(w0, "w0", self.spec.ranks), stacked(w1, "w1", self.spec.ranks)
         check_inputs(self.spec, x, ids, gates, w0, w1)
-        out = torch.ops.comet.moe_forward(x, ids, gates, w0, w1, self.handle)
+        out = _moe_forward(x, ids, gates, w0, w1, self.handle)
         return out[0] if single else out
 
 
@@ -119,27 +128,45 @@ class LayerSpec:
     device: torch.device
 
 
+def stacked(w, name: str, ranks: int):
+    """The local ranks' weights as one [L, ...] tensor: a view of one rank's [E_l, ...] tensor, the tensor
+    itself when it is stacked already, or a stacked copy of a list (one tensor per rank)."""
+    if isinstance(w, torch.Tensor):
+        return w.unsqueeze(0) if w.dim() == 3 else w
+    if len(w) != ranks:
+        raise ValueError(f"{name}: {len(w)} tensors for the {ranks} rank(s) this process drives")
+    return torch.stack(list(w))
+
+
 def check_inputs(spec: LayerSpec, x, ids, gates, w0, w1) -> None:
-    """Clear errors naming the argument, before anything reaches the op (lists of one tensor per rank)."""
-    for name, v in (("hidden_states", x), ("topk_ids", ids), ("topk_weights", gates), ("w0", w0), ("w1", w1)):
-        if v is not None and len(v) != spec.ranks:
+    """Clear errors naming the argument, before anything reaches the op: x, ids, gates are lists of one
+    tensor per rank; w0 / w1 stacked [L, ...] (or None). A fast test per tensor; the named check where it
+    fails (a call costs a few microseconds of Python, not tens)."""
+    for name, v in (("hidden_states", x), ("topk_ids", ids), ("topk_weights", gates)):
+        if len(v) != spec.ranks:
             raise ValueError(f"{name}: {len(v)} tensors for the {spec.ranks} rank(s) this process drives")
     H, k, dev = spec.hidden_size, spec.top_k, spec.device
     for r in range(spec.ranks):
-        _tensor(x[r], "hidden_states", (None, H), (torch.bfloat16,), dev)
-        t = x[r].shape[0]
+        xr, ir, gr = x[r], ids[r], gates[r]
+        ok = (type(xr) in _TENSOR_TYPES and xr.dtype is torch.bfloat16 and xr.device == dev and xr.dim() == 2
+              and xr.shape[1] == H and xr.is_contiguous())
+        if not ok:
+            _tensor(xr, "hidden_states", (None, H), (torch.bfloat16,), dev)
+        t = xr.shape[0]
         if t > spec.max_tokens:
             raise ValueError(f"hidden_states: {t} tokens, more than max_tokens={spec.max_tokens} of this layer")
-        _tensor(ids[r], "topk_ids", (t, k), _IDS_DTYPES, dev)
-        _tensor(gates[r], "topk_weights", (t, k), (torch.float32,), dev)
-        if w0 is not None:
-            _tensor(w0[r], "w0", (spec.local_experts, spec.w0_rows, H), (torch.bfloat16,), dev)
-        if w1 is not None:
-            _tensor(w1[r], "w1", (spec.local_experts, H, spec.ffn_shard), (torch.bfloat16,), dev)
-
-
-def _as_list(v):
-    return [v] if isinstance(v, torch.Tensor) else list(v)
+        ok = (type(ir) in _TENSOR_TYPES and ir.dtype in _IDS_DTYPES and type(gr) in _TENSOR_TYPES
+              and gr.dtype is torch.float32 and ir.device == dev and gr.device == dev and ir.shape == (t, k)
+              and gr.shape == (t, k) and ir.is_contiguous() and gr.is_contiguous())
+        if not ok:
+            _tensor(ir, "topk_ids", (t, k), _IDS_DTYPES, dev)
+            _tensor(gr, "topk_weights", (t, k), (torch.float32,), dev)
+    L = spec.ranks
+    for name, w, shape in (("w0", w0, (L, spec.local_experts, spec.w0_rows, H)),
+                           ("w1", w1, (L, spec.local_experts, H, spec.ffn_shard))):
+        if w is not None and not (type(w) in _TENSOR_TYPES and w.dtype is torch.bfloat16 and w.device == dev
+                                  and w.shape == shape and w.is_contiguous()):
+            _tensor(w, name, shape, (torch.bfloat16,), dev)
 
 
 def _tensor(t, name: str, shape: tuple, dtypes: tuple, device: torch.device) -> None:
@@ -158,9 +185,9 @@ def _tensor(t, name: str, shape: tuple, dtypes: tuple, device: torch.device) -> 
 
 # ---- the ops ---------------------------------------------------------------------------------------------
 _lib_def = torch.library.Library("comet", "DEF")
-_lib_def.define("moe_forward(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor[] w0, Tensor[] w1, int handle) -> Tensor[]")
-_lib_def.define("moe_layer0(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor[] w0, int handle) -> Tensor[]")
-_lib_def.define("moe_layer1(Tensor[] hidden, Tensor[] ids, Tensor[] w1, int handle) -> Tensor[]")
+_lib_def.define("moe_forward(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, Tensor w1, int handle) -> Tensor[]")
+_lib_def.define("moe_layer0(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, int handle) -> Tensor[]")
+_lib_def.define("moe_layer1(Tensor[] hidden, Tensor[] ids, Tensor w1, int handle) -> Tensor[]")
 
 
 def _batch(x, ids, gates, out, hidden=None):
@@ -175,36 +202,54 @@ def _native(handle: int):
         raise ValueError(f"comet: no layer with handle {handle} (it was freed)") from None
 
 
+def _current_stream(device: torch.device) -> int:
+    return torch.cuda.current_stream(device).cuda_stream
+
+
+try:  # the raw handle without a Stream object (what torch's own generated code uses)
+    from torch._C import _cuda_getCurrentRawStream as _raw_stream
+
+    def _current_stream(device: torch.device) -> int:  # noqa: F811
+        return _raw_stream(device.index)
+except ImportError:  # pragma: no cover
+    pass
+
+
+def _per_rank(w: torch.Tensor) -> list:
+    """Device addresses of each rank's slice of a stacked [L, ...] weight."""
+    base, step = w.data_ptr(), w.stride(0) * w.element_size()
+    return [base + r * step for r in range(w.shape[0])]
+
+
 def _moe_forward_cuda(x, ids, gates, w0, w1, handle):
     native, ranks = _native(handle)
     out = [torch.empty_like(t) for t in x]
-    stream = torch.cuda.current_stream(x[0].device).cuda_stream
+    stream = _current_stream(x[0].device)
     if len(ranks) == 1:  # the torchrun path: one call, no lists on the C++ side
-        native.forward1(ranks[0], w0[0].data_ptr(), w1[0].data_ptr(), _batch(x[0], ids[0], gates[0], out[0]), stream)
+        native.forward1(ranks[0], w0.data_ptr(), w1.data_ptr(), _batch(x[0], ids[0], gates[0], out[0]), stream)
     else:
-        native.forward([(a.data_ptr(), b.data_ptr()) for a, b in zip(w0, w1)],
-                       [_batch(*t) for t in zip(x, ids, gates, out)], stream)
+        native.forward(list(zip(_per_rank(w0), _per_rank(w1))), [_batch(*t) for t in zip(x, ids, gates, out)],
+                       stream)
     return out
 
 
 def _moe_layer0_cuda(x, ids, gates, w0, handle):
     native, _ = _native(handle)
     hidden = [torch.empty(native.max_rows, native.ffn_shard, dtype=torch.bfloat16, device=t.device) for t in x]
-    stream = torch.cuda.current_stream(x[0].device).cuda_stream
     # out is not written by layer 0: x stands in for it (same shape, aligned).
-    native.forward([(a.data_ptr(), 0) for a in w0],
-                   [_batch(xi, ii, gi, xi, hi) for xi, ii, gi, hi in zip(x, ids, gates, hidden)], stream, "layer0")
+    native.forward([(a, 0) for a in _per_rank(w0)],
+                   [_batch(xi, ii, gi, xi, hi) for xi, ii, gi, hi in zip(x, ids, gates, hidden)],
+                   _current_stream(x[0].device), "layer0")
     return hidden
 
 
 def _moe_layer1_cuda(hidden, ids, w1, handle):
     native, _ = _native(handle)
     out = [h.new_empty(i.shape[0], native.hidden) for h, i in zip(hidden, ids)]
-    stream = torch.cuda.current_stream(hidden[0].device).cuda_stream
     # x and gates were staged by layer 0: only the token count, ids (the final reduce) and out are read.
-    native.forward([(0, a.data_ptr()) for a in w1],
+    native.forward([(0, a) for a in _per_rank(w1)],
                    [(i.shape[0], 0, i.data_ptr(), i.dtype == torch.int64, 0, o.data_ptr(), h.data_ptr())
-                    for h, i, o in zip(hidden, ids, out)], stream, "layer1")
+                    for h, i, o in zip(hidden, ids, out)], _current_stream(hidden[0].device), "layer1")
     return out
 
 
@@ -238,18 +283,23 @@ for _op in ("comet::moe_forward", "comet::moe_layer0", "comet::moe_layer1"):
     torch.library.register_autograd(_op, _no_backward)
 
 
+_moe_forward = torch.ops.comet.moe_forward.default
+
+
 # ---- the functional API ----------------------------------------------------------------------------------
 def moe_forward(layer: FusedMoE, x, ids, gates, w0, w1):
     """The whole MoE layer: tokens in (bf16 [T, H]), top-k expert ids ([T, k] int32/int64) and gate
-    weights ([T, k]), the local expert weights (comet.weights layout), output [T, H] in token order."""
+    weights ([T, k]), the local expert weights (comet.weights layout; stacked [L, ...] or one rank's),
+    output [T, H] in token order. Lists of one tensor per rank for a local team."""
     return layer(x, ids, gates, w0, w1)
 
 
 def moe_layer0(layer: FusedMoE, x, ids, gates, w0):
     """Dispatch + GEMM0 + activation: hidden rows in the plan's layout ([max_rows, F/tp] per rank)."""
     single = isinstance(x, torch.Tensor)
-    x, ids, gates, w0 = (_as_list(v) for v in (x, ids, gates, w0))
+    x, ids, gates = ([v] for v in (x, ids, gates)) if single else (list(v) for v in (x, ids, gates))
     gates = [g if g.dtype == torch.float32 else g.float() for g in gates]
+    w0 = stacked(w0, "w0", layer.spec.ranks)
     check_inputs(layer.spec, x, ids, gates, w0, None)
     hidden = torch.ops.comet.moe_layer0(x, ids, gates, w0, layer.handle)
     return hidden[0] if single else hidden
@@ -258,10 +308,11 @@ def moe_layer0(layer: FusedMoE, x, ids, gates, w0):
 def moe_layer1(layer: FusedMoE, hidden, ids, w1):
     """GEMM1 + the gate-weighted top-k combine of the routing staged by the last moe_layer0 of `layer`."""
     single = isinstance(hidden, torch.Tensor)
-    hidden, ids, w1 = (_as_list(v) for v in (hidden, ids, w1))
-    for r, h in enumerate(hidden):
+    hidden, ids = ([hidden], [ids]) if single else (list(hidden), list(ids))
+    w1 = stacked(w1, "w1", layer.spec.ranks)
+    for h in hidden:
         _tensor(h, "hidden", (layer.max_rows, layer.ffn_shard), (torch.bfloat16,), layer.team.device)
-        _tensor(w1[r], "w1", (layer.local_experts, layer.hidden_size, layer.ffn_shard), (torch.bfloat16,),
-                layer.team.device)
+    _tensor(w1, "w1", (layer.spec.ranks, layer.local_experts, layer.hidden_size, layer.ffn_shard),
+            (torch.bfloat16,), layer.team.device)
     out = torch.ops.comet.moe_layer1(hidden, ids, w1, layer.handle)
     return out[0] if single else out

@@ -6,7 +6,7 @@ import torch
 
 import comet
 from comet import weights as W
-from comet.ops import LayerSpec, check_inputs
+from comet.ops import LayerSpec, check_inputs, stacked
 
 
 def test_imports_and_registers_ops():
@@ -34,7 +34,7 @@ def test_fake_kernel_traces_with_no_graph_break():
         return gm.forward  # never run: the op has no CPU kernel
 
     def block(x, ids, gates, w0, w1):
-        y = torch.ops.comet.moe_forward([x], [ids], [gates], [w0], [w1], 1)[0]
+        y = torch.ops.comet.moe_forward([x], [ids], [gates], w0, w1, 1)[0]
         return y * 2 + x
 
     fn = torch.compile(block, backend=capture, fullgraph=True)
@@ -43,13 +43,13 @@ def test_fake_kernel_traces_with_no_graph_break():
         x = torch.empty(5, 64, dtype=torch.bfloat16)
         ids = torch.empty(5, 2, dtype=torch.int64)
         gates = torch.empty(5, 2)
-        w0 = torch.empty(2, 256, 64, dtype=torch.bfloat16)
-        w1 = torch.empty(2, 64, 128, dtype=torch.bfloat16)
-        out = torch.ops.comet.moe_forward([x], [ids], [gates], [w0], [w1], 1)
+        w0 = torch.empty(1, 2, 256, 64, dtype=torch.bfloat16)
+        w1 = torch.empty(1, 2, 64, 128, dtype=torch.bfloat16)
+        out = torch.ops.comet.moe_forward([x], [ids], [gates], w0, w1, 1)
         assert out[0].shape == (5, 64) and out[0].dtype == torch.bfloat16
     try:
         fn(torch.zeros(5, 64, dtype=torch.bfloat16), torch.zeros(5, 2, dtype=torch.int64), torch.zeros(5, 2),
-           torch.zeros(2, 256, 64, dtype=torch.bfloat16), torch.zeros(2, 64, 128, dtype=torch.bfloat16))
+           torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16), torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16))
     except NotImplementedError:
         pass  # the graph ran eagerly on CPU tensors: there is no CPU kernel, as intended
     assert len(graphs) == 1
@@ -124,7 +124,7 @@ SPEC = LayerSpec(hidden_size=64, top_k=2, local_experts=2, w0_rows=256, ffn_shar
 
 def _good(t=5):
     return ([torch.zeros(t, 64, dtype=torch.bfloat16)], [torch.zeros(t, 2, dtype=torch.int32)], [torch.zeros(t, 2)],
-            [torch.zeros(2, 256, 64, dtype=torch.bfloat16)], [torch.zeros(2, 64, 128, dtype=torch.bfloat16)])
+            torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16), torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16))
 
 
 @pytest.mark.parametrize("mutate,error,match", [
@@ -135,8 +135,9 @@ def _good(t=5):
     (lambda a: a[1].__setitem__(0, torch.zeros(5, 2, dtype=torch.float32)), TypeError, "topk_ids: dtype"),
     (lambda a: a[1].__setitem__(0, torch.zeros(5, 3, dtype=torch.int64)), ValueError, "topk_ids: shape"),
     (lambda a: a[2].__setitem__(0, torch.zeros(4, 2)), ValueError, "topk_weights: shape"),
-    (lambda a: a[3].__setitem__(0, torch.zeros(2, 128, 64, dtype=torch.bfloat16)), ValueError, "w0: shape"),
-    (lambda a: a[4].__setitem__(0, torch.zeros(2, 64, 128)), TypeError, "w1: dtype"),
+    (lambda a: a.__setitem__(3, torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16)), ValueError, "w0: shape"),
+    (lambda a: a.__setitem__(4, torch.zeros(1, 2, 64, 128)), TypeError, "w1: dtype"),
+    (lambda a: a.__setitem__(3, torch.zeros(1, 2, 512, 64, dtype=torch.bfloat16)[:, :, ::2]), ValueError, "w0: must be contiguous"),
     (lambda a: a[0].append(a[0][0]), ValueError, "hidden_states: 2 tensors for the 1 rank"),
     (lambda a: a[1].__setitem__(0, [[0, 1]]), TypeError, "topk_ids: expected a torch.Tensor"),
 ])
@@ -146,6 +147,14 @@ def test_input_checks_name_the_argument(mutate, error, match):
     mutate(args)
     with pytest.raises(error, match=match):
         check_inputs(SPEC, *args)
+
+
+def test_weights_stack_per_rank():
+    w = torch.zeros(2, 256, 64)
+    assert stacked(w, "w0", 1).shape == (1, 2, 256, 64) and stacked(w, "w0", 1).data_ptr() == w.data_ptr()
+    assert stacked([w, w], "w0", 2).shape == (2, 2, 256, 64)
+    with pytest.raises(ValueError, match="w0: 1 tensors for the 2 rank"):
+        stacked([w], "w0", 2)
 
 
 def test_input_checks_want_the_teams_device():

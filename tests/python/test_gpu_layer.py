@@ -77,9 +77,9 @@ def test_split_layer_ops_equal_the_fused_op():
     p = make_problem(ep=2, tp=2, tokens=(80, 0, 150, 41), seed=5)
     layer = layer_for(p)
     fused = layer(p.x, p.ids, p.gates)
-    hidden = comet.ops.moe_layer0(layer.engine, p.x, p.ids, p.gates, list(layer.w0))
+    hidden = comet.ops.moe_layer0(layer.engine, p.x, p.ids, p.gates, layer.w0)
     assert hidden[0].shape == (layer.engine.max_rows, layer.engine.ffn_shard)
-    split = comet.ops.moe_layer1(layer.engine, hidden, p.ids, list(layer.w1))
+    split = comet.ops.moe_layer1(layer.engine, hidden, p.ids, list(layer.w1))  # a list is stacked
     for r in range(p.world):
         assert torch.equal(fused[r], split[r])
 

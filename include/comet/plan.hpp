@@ -18,8 +18,7 @@
 //    position of unit tile_key (the last source it waits for). tile_order lists the M-tiles sorted by
 //    (wave, m): local tiles first, then wave by wave in arrival order, and inside a wave expert by
 //    expert, so that tiles computed together share their expert's weights in L2 (sorting by the
-//    exact key interleaves the experts; measured on the H200: 473 TFLOP/s instead of ~700 for
-//    Mixtral with tp = 8).
+//    exact key interleaves the experts and thrashes L2: docs/design-changes.md, Schedules).
 //  * Indexing: segment arrays are [e * W + j] (expert-major); tile_expert holds the LOCAL expert index
 //    (0..E_l-1, global id = first_local_expert() + e), like every other per-expert array here.
 //  * Every array is filled up to its capacity: entries past the used counts (units >= num_units,

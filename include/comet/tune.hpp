@@ -79,8 +79,8 @@ struct CostModel {
   double l1_slice_us = 0.40;         // a layer-1 comm block: time per (256 columns x 16 slots)
   double link_gbps = 52.0;           // ceiling of the link, all blocks together
   double overlap_penalty = 0.3;      // the part of the shorter side that does not hide
-  // 128x128 against 128x256 tiles at equal padding, GEMM only (H200, bench/results/h200_host_tile*.json,
-  // layer 0: 0.85-0.90; layer 1 0.74-0.79, but its N = H is a multiple of 256 in every model we know).
+  // 128x128 against 128x256 tiles at equal padding, GEMM only (comet-tune fits both from side-by-side
+  // runs; the defaults and their source: docs/design-changes.md, Data layout and GEMM).
   double tile128_efficiency = 0.87;
   double tile192_efficiency = 0.95;  // an estimate until comet-tune has runs of both shapes to fit it
   // Sequential mode (n_comm 0: communication on every SM, then the GEMM) is picked only when predicted

@@ -6,8 +6,8 @@
 // Work items are (column chunk of 256 columns, unit), chunk-major, so early columns ship first while
 // the compute blocks make the next ones; a chunk covers 256 / TileN GEMM column blocks, whose done
 // flags are all checked. Each comm warp takes batches of items (batch x k row slices of 512 bytes).
-// The combine is latency-bound (measured on the H200: ~9 GB/s per block with register loads, slower
-// still beside the GEMM), so the slices travel with cp.async into a per-warp double buffer: batch t+1's
+// The combine is latency-bound (register loads left a block far below its share of the link:
+// docs/design-changes.md, Communication), so the slices travel with cp.async into a per-warp double buffer: batch t+1's
 // loads are in flight while batch t is summed, and no registers are held by loads in flight. Every
 // lane only ever touches its own 16 bytes of each slice, so the buffer needs no cross-lane ordering.
 #pragma once

@@ -14,8 +14,8 @@
 //   publisher (warp 1)  counts completed units' rows into their tiles (tile_arrived, relaxed atomics,
 //       lanes in parallel); the row that completes a tile resets its counter and releases
 //       tile_ready[m] = epoch (generation counter, never cleared).
-// Keeping loads, atomics and fences off the issuing thread keeps the link busy; it is latency-bound
-// (measured on the H200: an issuer that loaded its own metadata moved ~8 GB/s per block).
+// Keeping loads, atomics and fences off the issuing thread keeps the link busy: it is latency-bound
+// (docs/design-changes.md, Communication, has the per-block rates).
 #pragma once
 
 #include <cuda_bf16.h>

@@ -9,8 +9,7 @@
 //   2. otherwise, if the cost model picks the same n_comm for the plan's counts as for the uniform
 //      expectation of the key, the host's pick (table or model) stands; if not, the model's pick for
 //      the plan's counts replaces it.
-// On the H200 sweeps (comet-tune --evaluate --measured-work) this rule lifted the table's Zipf picks
-// within 3 % of the best from 132 to 139 of 198 and left every uniform pick as it was.
+// What the rule gained on the H200 sweeps: docs/design-changes.md (Tuner).
 #pragma once
 
 #include <cstdint>

@@ -7,6 +7,7 @@
 
 #include "comet/cuda_check.hpp"
 #include "kernels/fused_layers.hpp"
+#include "kernels/layer_sync.hpp"
 #include "kernels/local_rows.hpp"
 
 namespace comet {
@@ -69,10 +70,7 @@ struct MoeEngine::RankState {
   void* hid_call = nullptr;      // the call's hidden rows (RankBatch::hidden), else hid
   void* y = nullptr;             // [rows_cap][H]
   void* self_partial = nullptr;  // [T_cap][H]
-  int32_t* tile_ready = nullptr;    // [max_tiles]
-  int32_t* tile_arrived = nullptr;  // [max_tiles]
-  int32_t* tile_done = nullptr;     // [max_tiles * ceil(H / 128)]
-  int32_t* epoch = nullptr;
+  kernels::LayerSync sync;           // the fused launches' flags (kernels/layer_sync.hpp)
   int32_t* chosen_n_comm = nullptr;  // [2] the adaptive split's pick of the last fused launch per layer
   LaunchDecision last[2];           // the planner's decision of the last launch per layer
   const void* w0 = nullptr;
@@ -158,10 +156,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     s->hid_call = s->hid;
     s->y = alloc(*s, size_t(rows) * row_bytes);
     s->self_partial = alloc(*s, size_t(T) * row_bytes);
-    s->tile_ready = static_cast<int32_t*>(alloc(*s, size_t(max_tiles) * 4));
-    s->tile_arrived = static_cast<int32_t*>(alloc(*s, size_t(max_tiles) * 4));
-    s->tile_done = static_cast<int32_t*>(alloc(*s, size_t(max_tiles) * max_n_blocks * 4));
-    s->epoch = static_cast<int32_t*>(alloc(*s, 4));
+    s->sync = kernels::LayerSync::carve(
+        static_cast<int32_t*>(alloc(*s, kernels::LayerSync::words(max_tiles, max_n_blocks) * 4)), max_tiles);
     s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, 2 * 4));
     COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->joined, cudaEventDisableTiming));
     ranks_.push_back(std::move(s));
@@ -231,7 +227,7 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
 void MoeEngine::prepare(int rank) {
   RankState& s = state(rank);
   s.plan.build(team_.peer_ptrs(routing_sym_, rank), s.stream);
-  kernels::advance_epoch(s.epoch, s.stream);
+  kernels::advance_epoch(s.sync.epoch, s.stream);
   if (s.tokens > 0) {
     kernels::scatter_local(s.x, s.a, shape_.hidden, shape_.topk, s.tokens * shape_.topk, s.plan.view(), s.stream);
   }
@@ -239,7 +235,7 @@ void MoeEngine::prepare(int rank) {
 
 void MoeEngine::advance_epoch(int rank) {
   RankState& s = state(rank);
-  kernels::advance_epoch(s.epoch, s.stream);
+  kernels::advance_epoch(s.sync.epoch, s.stream);
 }
 
 const LaunchDecision& MoeEngine::decision(int layer, int rank, LayerMode mode, const LayerRequest& request) const {
@@ -264,7 +260,7 @@ int MoeEngine::last_n_comm(int rank, int layer) const {
 kernels::GridSplit MoeEngine::grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode,
                                          int layer) const {
   kernels::GridSplit g;
-  g.epoch = s.epoch;
+  g.epoch = s.sync.epoch;
   g.n_comm = planned.decision.n_comm;
   g.adapt = planned.adapt;
   g.adapt.chosen = s.chosen_n_comm + layer;
@@ -296,8 +292,8 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
                                      shape_.topk,
                                      kTileM,
                                      s.plan.view(),
-                                     s.tile_arrived,
-                                     s.tile_ready,
+                                     s.sync.tile_arrived,
+                                     s.sync.tile_ready,
                                      units.begin,
                                      units.end,
                                      options_.dispatch_store_lag};
@@ -330,7 +326,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   l.experts = par_.local_experts(shape_);
   l.rows_cap = cap_.max_rows_per_rank;
   l.y = s.y;
-  l.tile_done = s.tile_done;
+  l.tile_done = s.sync.tile_done;
   l.combine = kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
                                    reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, rank)),
                                    static_cast<__nv_bfloat16*>(s.self_partial),
@@ -342,7 +338,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
                                    cap_.max_tokens_per_rank,
                                    rank,
                                    s.plan.view(),
-                                   s.tile_done,
+                                   s.sync.tile_done,
                                    units.begin,
                                    units.end};
   l.split = grid_split(s, planned, mode, 1);

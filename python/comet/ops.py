@@ -63,7 +63,7 @@ class FusedMoE:
         _lib.require_cuda("comet.FusedMoE")
         alloc = release = None
         if use_torch_allocator:
-            device, = {team.device.index}
+            device = team.device.index
 
             def alloc(nbytes: int) -> int:
                 return torch.cuda.caching_allocator_alloc(nbytes, device)

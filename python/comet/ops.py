@@ -202,17 +202,16 @@ def _native(handle: int):
         raise ValueError(f"comet: no layer with handle {handle} (it was freed)") from None
 
 
-def _current_stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
-
-
 try:  # the raw handle without a Stream object (what torch's own generated code uses)
     from torch._C import _cuda_getCurrentRawStream as _raw_stream
-
-    def _current_stream(device: torch.device) -> int:  # noqa: F811
-        return _raw_stream(device.index)
 except ImportError:  # pragma: no cover
-    pass
+    _raw_stream = None
+
+
+def _current_stream(device: torch.device) -> int:
+    if _raw_stream is not None:
+        return _raw_stream(device.index)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _per_rank(w: torch.Tensor) -> list:

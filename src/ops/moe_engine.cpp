@@ -98,7 +98,7 @@ void* MoeEngine::alloc(RankState& s, size_t bytes) {
   }
   s.owned.push_back(p);
   COMET_CUDA_CHECK(cudaMemset(p, 0, bytes));
-  device_bytes_per_rank_ += s.rank == team_.local_ranks().front() ? bytes : 0;
+  if (ranks_.empty()) device_bytes_per_rank_ += bytes;  // the first local rank's buffers (all ranks' are alike)
   return p;
 }
 

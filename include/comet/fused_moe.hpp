@@ -58,6 +58,10 @@ struct MoeOptions {
   // Results are already independent of n_comm, groups, repeats and the other tokens' routing.
   bool batch_invariant = false;
   bool checking = false;  // synchronise and raise device-reported errors after every call
+  // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
+  // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),
+  // plus the backward's buffers (gathered output gradients [max_rows][H] bf16, gate-gradient partials).
+  bool training = false;
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;
   // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
@@ -79,6 +83,24 @@ struct RankBatch {
   // Optional: where layer 0 writes (and layer 1 reads) the hidden rows, [max_rows][F/tp] bf16 in the
   // plan's layout; null: the layer's own buffer. Lets a framework own them (the split layer ops).
   void* hidden = nullptr;
+};
+
+// Element type of the weight gradients backward() writes.
+enum class GradType : int { f32 = 0, bf16 = 1 };
+
+// One rank's gradients for backward() (device pointers, 16-byte aligned). The routing and token count
+// are the last forward's.
+struct RankGrad {
+  const void* dout = nullptr;  // [tokens][H] bf16: gradient of the forward's out
+  void* dx = nullptr;          // [tokens][H] bf16
+  float* dgates = nullptr;     // [tokens][k] fp32
+  void* dw0 = nullptr;         // [E_l][w0 rows of the shard][H], GradType (weight_layout.hpp)
+  void* dw1 = nullptr;         // [E_l][H][F/tp], GradType
+};
+
+struct BackwardOptions {
+  GradType grad_type = GradType::bf16;
+  bool accumulate = false;  // dw0 / dw1 += the gradient (a framework's main grads); else overwritten
 };
 
 class FusedMoe {
@@ -103,6 +125,17 @@ class FusedMoe {
   // uses the routing the first staged (the same ranks' batches, token counts and ids; out is written).
   void forward_layer0(const std::vector<RankBatch>& batches, cudaStream_t stream = nullptr);
   void forward_layer1(const std::vector<RankBatch>& batches, cudaStream_t stream = nullptr);
+
+  // Gradients of the last forward (whole layer, MoeOptions::training) with respect to x, the gates and
+  // the local expert weights, for this process's one rank / for every local rank, ordered on `stream`.
+  // The backward of layer 1 is layer 0's fused kernel with other operands (dispatch of the output
+  // gradient rows overlapped with the GEMM against W1, activation backward and gate gradient in the
+  // epilogue); the backward of layer 0 is layer 1's (GEMM against W0, combine of the input-gradient rows
+  // with unit weights). It consumes the forward's saved activations: a second backward of the same
+  // forward is refused.
+  void backward(const RankGrad& grad, cudaStream_t stream, const BackwardOptions& options = {});
+  void backward(const std::vector<RankGrad>& grads, cudaStream_t stream = nullptr,
+                const BackwardOptions& options = {});
 
   // Synchronises the local ranks and raises what the device reported (timeouts, bad routing).
   void sync_and_check();

@@ -54,6 +54,31 @@ class MoeEngine {
   void layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
   void finish(int rank, const RankBatch& batch);
   void advance_epoch(int rank);  // a new generation for flags (benchmarks re-running a layer)
+
+  // ---- backward, per local rank (after a whole forward with MoeOptions::training) ------------------
+  //   stage_grad      dout into the rank's exported token buffer (then a team barrier)
+  //   prepare_grad    new epoch; the rank's own dout rows into the gathered-gradient buffer G
+  //   grad_layer1     pull dout rows into G + D = G W1_e (fused, layer 0's kernel; comm_only: the pull);
+  //                   epilogue: dgate partials, hidden rows *= gate, pre-activations -> dPre
+  //   grad_gates      the gate-gradient partials into the owners' receive slots
+  //   grad_weights1   dW1_e = G_e^T (gate . hidden)_e
+  //   grad_layer0     dA = dPre W0_e + combine with unit weights (fused, layer 1's kernel; comm_only: the
+  //                   combine of what is in the expert-output buffer Y) (then a team barrier)
+  //   grad_weights0   dW0_e = dPre_e^T A_e
+  //   finish_grad     dx (the partial rows in rank order) and dgates
+  void stage_grad(int rank, const RankGrad& grad);
+  void prepare_grad(int rank);
+  void grad_layer1(int rank, LayerMode mode, const LayerRequest& request);
+  // blocks: gate-partial columns to sum; -1: those of the last fused grad_layer1 (a baseline that
+  // writes whole-row sums in column 0 passes 1).
+  void grad_gates(int rank, int blocks = -1);
+  void grad_weights1(int rank, const RankGrad& grad, const BackwardOptions& options);
+  void grad_layer0(int rank, LayerMode mode, const LayerRequest& request);
+  void grad_weights0(int rank, const RankGrad& grad, const BackwardOptions& options);
+  void finish_grad(int rank, const RankGrad& grad);
+  // The whole backward, for every local rank on the team's streams / ordered on `stream`.
+  void backward(const std::vector<RankGrad>& grads, const BackwardOptions& options);
+  void backward_on(const std::vector<RankGrad>& grads, cudaStream_t stream, const BackwardOptions& options);
   void sync_and_check();
 
   // The planner's decision for a launch of `rank`'s staged batch.
@@ -78,6 +103,13 @@ class MoeEngine {
   void* gathered(int rank) const;    // A [rows_cap][H]
   void* hidden(int rank) const;      // layer 0 output [rows_cap][F/tp]
   void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
+  // Training buffers (MoeOptions::training): layer 0's pre-activations [rows_cap][N0_s] (dPre after
+  // grad_layer1), the gathered output gradients G [rows_cap][H], the gate-gradient partials
+  // [rows_cap][gate_blocks] fp32 (one per GEMM column block of grad_layer1).
+  void* pre_activation(int rank) const;
+  void* grad_gathered(int rank) const;
+  float* gate_partials(int rank) const;
+  int gate_blocks() const;
 
  private:
   struct RankState;

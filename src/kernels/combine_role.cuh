@@ -70,7 +70,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     if (lane < b.count * k) {
       const int u = unit_of(lane / k);
       b.row = c.plan.unit_rows[size_t(u) * k + lane % k];
-      b.gate = c.plan.unit_gates[size_t(u) * k + lane % k];
+      b.gate = c.unit_weights ? 1.f : c.plan.unit_gates[size_t(u) * k + lane % k];
     }
     if (wait_done) {  // lane p waits for the GEMM column blocks of its slice
       const int chunk = int((b.first + lane / k) / units);

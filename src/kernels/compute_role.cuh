@@ -21,13 +21,18 @@ namespace comet::kernels {
 struct TileCoord {
   int m_block;  // M-tile index into A's rows (rows m_block * TileM ...)
   int n_block;  // N-block index into B's rows / the output's columns
-  int expert;   // local expert (the L index of B)
+  int expert;   // local expert (the L index of B, unless batch says otherwise)
   int rows;     // valid rows of the M-tile
+  // The weight gradients run K over one expert's rows of an unbatched pair of operands: their tiles
+  // name the K-tiles and load with L = 0. Defaults: all of K, L = expert.
+  int k_begin = 0;   // first K-tile
+  int k_tiles = -1;  // K-tiles; -1: all of ext.k; 0: the tile's product is zero (no loads)
+  int batch = -1;    // L index of the loads; -1: expert
 };
 
 // Problem extents the TMA views are built with.
 struct GemmExtents {
-  int rows_cap;  // rows of A (capacity)
+  int rows_cap;  // rows of A (capacity); M of the GEMM
   int n;         // rows of each expert's B (= output columns before any gating)
   int k;
   int experts;
@@ -68,11 +73,14 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
     Tensor gA = get<0>(load_inputs);
     for (int w = compute_index; w < n_work; w += n_compute) {
       const TileCoord tile = schedule.at(w);
+      const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
+      if (tile_k == 0) continue;
       hooks.before_load(tile, lane);
-      auto k_iter = make_coord_iterator(idx2crd(0, shape<3>(gA)), shape<3>(gA));
-      mainloop.load(mp, pipeline, write_state, load_inputs, make_coord(tile.m_block, tile.n_block, _, tile.expert),
-                    k_iter, k_tiles, lane, 0u, storage.tensors);
-      write_state.advance(k_tiles);
+      auto k_iter = make_coord_iterator(idx2crd(tile.k_begin, shape<3>(gA)), shape<3>(gA));
+      const int l = tile.batch >= 0 ? tile.batch : tile.expert;
+      mainloop.load(mp, pipeline, write_state, load_inputs, make_coord(tile.m_block, tile.n_block, _, l), k_iter,
+                    tile_k, lane, 0u, storage.tensors);
+      write_state.advance(tile_k);
     }
     mainloop.load_tail(pipeline, write_state);
   } else {
@@ -82,10 +90,15 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
     typename Cfg::PipelineState read_state;
     for (int w = compute_index; w < n_work; w += n_compute) {
       const TileCoord tile = schedule.at(w);
+      const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
       auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
-      mainloop.mma(pipeline, read_state, acc, k_tiles, mma_thread, storage.tensors, mp);
-      mainloop.mma_tail(pipeline, read_state, k_tiles);
-      read_state.advance(k_tiles);
+      if (tile_k == 0) {
+        clear(acc);
+      } else {
+        mainloop.mma(pipeline, read_state, acc, tile_k, mma_thread, storage.tensors, mp);
+        mainloop.mma_tail(pipeline, read_state, tile_k);
+        read_state.advance(tile_k);
+      }
       hooks.epilogue(acc, tile, mma_thread);
     }
   }

@@ -30,9 +30,9 @@ LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads) {
   return lim;
 }
 
-template <class Cfg>
+template <class Cfg, class Epi = ActivationStore>
 LaunchLimits layer0_limits_for() {
-  return resident_limits(layer0_kernel<Cfg>, Cfg::kSharedBytes, Cfg::kThreads);
+  return resident_limits(layer0_kernel<Cfg, Epi>, Cfg::kSharedBytes, Cfg::kThreads);
 }
 template <class Cfg>
 LaunchLimits layer1_limits_for() {
@@ -42,63 +42,84 @@ LaunchLimits layer1_limits_for() {
 // Whether a compiled kernel can run a launch: empty, or why not (checked before every launch, so a
 // request no kernel can serve is an InvalidArgument, not a fault).
 template <class Cfg>
-std::string layer0_can_implement(const Layer0Launch& l, const KernelSplit& split) {
+std::string layer0_can_implement(const DispatchArgs& d, int n, int experts, const KernelSplit& split) {
   // The comm blocks stage rows in the GEMM's shared memory: enough stages for the store lag + 1 load.
-  const int stages = (Cfg::kSharedBytes - dispatch::kRowsOffset) / (l.dispatch.hidden * 2);
-  if (split.n_comm > 0 && stages <= l.dispatch.store_lag)
-    return detail::concat("fused layer 0: rows of ", l.dispatch.hidden, " values leave ", stages,
-                          " bulk-copy stages, store lag ", l.dispatch.store_lag, " needs more");
-  if (l.dispatch.hidden % 8 != 0 || l.n0 <= 0 || l.experts <= 0)
-    return detail::concat("fused layer 0: H (", l.dispatch.hidden, ") must be a multiple of 8, N and experts > 0");
+  const int stages = (Cfg::kSharedBytes - dispatch::kRowsOffset) / (d.hidden * 2);
+  if (split.n_comm > 0 && stages <= d.store_lag)
+    return detail::concat("fused layer 0: rows of ", d.hidden, " values leave ", stages,
+                          " bulk-copy stages, store lag ", d.store_lag, " needs more");
+  if (d.hidden % 8 != 0 || n <= 0 || n % 8 != 0 || experts <= 0)
+    return detail::concat("fused layer 0: H (", d.hidden, ") and N (", n, ") must be multiples of 8, experts > 0");
   return {};
 }
+template <class Cfg>
+std::string layer0_can_implement(const Layer0Launch& l, const KernelSplit& split) {
+  return layer0_can_implement<Cfg>(l.dispatch, l.n0, l.experts, split);
+}
 
+template <class Cfg>
+std::string layer1_can_implement(int topk, int k, int experts, const KernelSplit& split) {
+  // The combine stages k row slices per warp, twice, in the GEMM's shared memory.
+  if (split.n_comm > 0 && Cfg::kSharedBytes < Cfg::kThreads / 32 * 2 * kCombineSliceBytes * topk)
+    return detail::concat("fused layer 1: top-", topk, " needs more shared memory for the combine than the tile leaves");
+  if (k % 8 != 0 || experts <= 0)
+    return detail::concat("fused layer 1: K (", k, ") must be a multiple of 8, experts > 0");
+  return {};
+}
 template <class Cfg>
 std::string layer1_can_implement(const Layer1Launch& l, const KernelSplit& split) {
-  // The combine stages k row slices per warp, twice, in the GEMM's shared memory.
-  if (split.n_comm > 0 && Cfg::kSharedBytes < Cfg::kThreads / 32 * 2 * kCombineSliceBytes * l.combine.topk)
-    return detail::concat("fused layer 1: top-", l.combine.topk,
-                          " needs more shared memory for the combine than the tile leaves");
-  if (l.ffn_shard % 8 != 0 || l.experts <= 0)
-    return detail::concat("fused layer 1: F/tp (", l.ffn_shard, ") must be a multiple of 8, experts > 0");
-  return {};
+  return layer1_can_implement<Cfg>(l.combine.topk, l.ffn_shard, l.experts, split);
 }
 
-template <class Cfg>
-void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
-  const LaunchLimits lim = layer0_limits_for<Cfg>();
-  Layer0Params<Cfg> p{};
-  p.ext = GemmExtents{l.rows_cap, l.n0, l.dispatch.hidden, l.experts};
-  p.mainloop = Cfg::make_params(l.dispatch.a, l.rows_cap, l.dispatch.hidden, l.w0, l.n0, l.experts);
-  p.dispatch = l.dispatch;
-  p.act = l.act;
-  p.hid = static_cast<__nv_bfloat16*>(l.hid);
-  p.hid_ld = l.hid_ld;
-  p.split = kernel_split(l.split, lim, Cfg::kSharedBytes);
-  const std::string why = layer0_can_implement<Cfg>(l, p.split);
+// Layer 0's kernel: dispatch into A (d.a) + A B_e with B [experts] x (n, H) + the epilogue `epi`.
+template <class Cfg, class Epi>
+void launch_layer0_kernel(const DispatchArgs& d, const void* b, int n, int experts, int rows_cap, const Epi& epi,
+                          const GridSplit& split, cudaStream_t stream) {
+  const LaunchLimits lim = layer0_limits_for<Cfg, Epi>();
+  Layer0Params<Cfg, Epi> p{};
+  p.ext = GemmExtents{rows_cap, n, d.hidden, experts};
+  p.mainloop = Cfg::make_params(d.a, rows_cap, d.hidden, b, n, experts);
+  p.dispatch = d;
+  p.epi = epi;
+  p.split = kernel_split(split, lim, Cfg::kSharedBytes);
+  const std::string why = layer0_can_implement<Cfg>(d, n, experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
-  layer0_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
+  layer0_kernel<Cfg, Epi><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
   COMET_CUDA_CHECK_LAUNCH();
 }
 
 template <class Cfg>
-void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
+void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
+  const ActivationStore epi{l.act, static_cast<__nv_bfloat16*>(l.hid), l.hid_ld, l.n0, static_cast<__nv_bfloat16*>(l.pre)};
+  launch_layer0_kernel<Cfg>(l.dispatch, l.w0, l.n0, l.experts, l.rows_cap, epi, l.split, stream);
+}
+
+// Layer 1's kernel: y = A B_e with A [rows_cap][k], B [experts] x (H, k), + the combine of y.
+template <class Cfg>
+void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int rows_cap, void* y, int32_t* tile_done,
+                          const CombineArgs& combine, const GridSplit& split, cudaStream_t stream) {
   const LaunchLimits lim = layer1_limits_for<Cfg>();
   Layer1Params<Cfg> p{};
-  p.ext = GemmExtents{l.rows_cap, l.combine.hidden, l.ffn_shard, l.experts};
-  p.mainloop = Cfg::make_params(l.hid, l.rows_cap, l.ffn_shard, l.w1, l.combine.hidden, l.experts);
-  p.combine = l.combine;
-  p.y = static_cast<__nv_bfloat16*>(l.y);
-  p.tile_done = l.tile_done;
-  p.split = kernel_split(l.split, lim, Cfg::kSharedBytes);
-  const std::string why = layer1_can_implement<Cfg>(l, p.split);
+  p.ext = GemmExtents{rows_cap, combine.hidden, k, experts};
+  p.mainloop = Cfg::make_params(a, rows_cap, k, b, combine.hidden, experts);
+  p.combine = combine;
+  p.y = static_cast<__nv_bfloat16*>(y);
+  p.tile_done = tile_done;
+  p.split = kernel_split(split, lim, Cfg::kSharedBytes);
+  const std::string why = layer1_can_implement<Cfg>(combine.topk, k, experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
   layer1_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
   COMET_CUDA_CHECK_LAUNCH();
+}
+
+template <class Cfg>
+void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
+  launch_layer1_kernel<Cfg>(l.hid, l.ffn_shard, l.w1, l.experts, l.rows_cap, l.y, l.tile_done, l.combine, l.split,
+                            stream);
 }
 
 template <int TileN>
@@ -120,3 +141,35 @@ void launch_layer1_tile(const Layer1Launch& l, cudaStream_t stream) {
 
 }  // namespace comet::kernels
 
+
+namespace comet::kernels {
+
+// ---- the backward's fused kernels: the forward's with N-major weights ------------------------------------
+template <int TileN>
+using GradConfig = GemmConfig<kTileM, TileN, Major::k, Major::mn>;
+
+template <int TileN>
+LaunchLimits grad_layer1_limits_tile() {
+  return layer0_limits_for<GradConfig<TileN>, ActivationBackward>();
+}
+template <int TileN>
+void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream) {
+  const PlanView& plan = l.dispatch.plan;
+  const ActivationBackward epi{l.act,           static_cast<__nv_bfloat16*>(l.pre), l.n0,
+                               static_cast<__nv_bfloat16*>(l.hid), l.ffn_shard, l.gate_partials,
+                               l.gate_blocks,   plan.row_unit, plan.row_slot, plan.unit_gates, l.dispatch.topk};
+  COMET_REQUIRE((l.ffn_shard + TileN - 1) / TileN <= l.gate_blocks, "backward of layer 1: ", l.gate_blocks,
+                " gate-partial columns for tile 128x", TileN);
+  launch_layer0_kernel<GradConfig<TileN>>(l.dispatch, l.w1, l.ffn_shard, l.experts, l.rows_cap, epi, l.split, stream);
+}
+template <int TileN>
+LaunchLimits grad_layer0_limits_tile() {
+  return layer1_limits_for<GradConfig<TileN>>();
+}
+template <int TileN>
+void launch_grad_layer0_tile(const GradLayer0Launch& l, cudaStream_t stream) {
+  launch_layer1_kernel<GradConfig<TileN>>(l.dpre, l.n0, l.w0, l.experts, l.rows_cap, l.y, l.tile_done, l.combine,
+                                          l.split, stream);
+}
+
+}  // namespace comet::kernels

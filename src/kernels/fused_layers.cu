@@ -37,4 +37,20 @@ void launch_layer1(const Layer1Launch& l, cudaStream_t stream) {
   with_tile<Layer1Tiles>(l.tile_n, "layer 1", [&](auto w) { launch_layer1_tile<decltype(w)::value>(l, stream); });
 }
 
+LaunchLimits grad_layer_limits(int layer, int tile_n) {
+  LaunchLimits lim;
+  with_tile<GradTiles>(tile_n, "backward", [&](auto w) {
+    lim = layer == 0 ? grad_layer0_limits_tile<decltype(w)::value>() : grad_layer1_limits_tile<decltype(w)::value>();
+  });
+  return lim;
+}
+void launch_grad_layer1(const GradLayer1Launch& l, cudaStream_t stream) {
+  with_tile<GradTiles>(l.tile_n, "backward of layer 1",
+                       [&](auto w) { launch_grad_layer1_tile<decltype(w)::value>(l, stream); });
+}
+void launch_grad_layer0(const GradLayer0Launch& l, cudaStream_t stream) {
+  with_tile<GradTiles>(l.tile_n, "backward of layer 0",
+                       [&](auto w) { launch_grad_layer0_tile<decltype(w)::value>(l, stream); });
+}
+
 }  // namespace comet::kernels

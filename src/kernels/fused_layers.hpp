@@ -21,6 +21,8 @@ using Mode = LayerMode;
 inline constexpr int kTileM = 128;
 using Layer0Tiles = std::integer_sequence<int, 128, 192, 256>;
 using Layer1Tiles = std::integer_sequence<int, 128, 256>;
+// The backward's fused kernels (layer 0's and layer 1's with N-major weights): the two widths.
+using GradTiles = std::integer_sequence<int, 128, 256>;
 
 template <int... T>
 constexpr bool has_tile(std::integer_sequence<int, T...>, int tile_n) {
@@ -50,6 +52,7 @@ struct Layer0Launch {
   int rows_cap = 0;
   void* hid = nullptr;  // [rows_cap][hid_ld]
   int hid_ld = 0;
+  void* pre = nullptr;  // training: [rows_cap][n0], the pre-activations; null: not kept
   EpilogueOp act = EpilogueOp::swiglu;
   DispatchArgs dispatch;  // dispatch.a is the GEMM's A
   GridSplit split;
@@ -68,6 +71,57 @@ struct Layer1Launch {
   GridSplit split;
 };
 
+// Backward of layer 1 (layer 0's kernel): the comm blocks pull output-gradient rows into G
+// (dispatch.a), the compute blocks run D = G W1_e (W1 [experts][H][F_s] read N-major) and the
+// activation-backward epilogue (epilogue.cuh: ActivationBackward) on the forward's saved rows.
+struct GradLayer1Launch {
+  int tile_n = 256;
+  const void* w1 = nullptr;  // [experts][hidden][ffn_shard]
+  int ffn_shard = 0;
+  int experts = 0;
+  int rows_cap = 0;
+  EpilogueOp act = EpilogueOp::swiglu;
+  void* pre = nullptr;  // [rows_cap][n0]: z in, dz out
+  int n0 = 0;
+  void* hid = nullptr;  // [rows_cap][ffn_shard]: h in, g h out
+  float* gate_partials = nullptr;  // [rows_cap][gate_blocks]
+  int gate_blocks = 0;
+  DispatchArgs dispatch;
+  GridSplit split;
+};
+
+// Backward of layer 0 (layer 1's kernel): dA = dPre W0_e (W0 [experts][n0][H] read N-major) into y,
+// combined with unit weights into the tokens' owners (combine.unit_weights).
+struct GradLayer0Launch {
+  int tile_n = 256;
+  const void* dpre = nullptr;  // A: [rows_cap][n0]
+  int n0 = 0;
+  const void* w0 = nullptr;  // [experts][n0][hidden]
+  int experts = 0;
+  int rows_cap = 0;
+  void* y = nullptr;  // [rows_cap][hidden]
+  int32_t* tile_done = nullptr;
+  CombineArgs combine;
+  GridSplit split;
+};
+
+// Weight gradient of every local expert: out_e = P_e^T Q_e over the expert's rows of two gathered
+// buffers (P [rows_cap][p_cols], Q [rows_cap][q_cols]); out [experts][p_cols][q_cols], fp32 or bf16.
+// The rows of P and Q past each expert's valid rows, up to its padded segment end, must be zero.
+struct WeightGradLaunch {
+  const void* p = nullptr;
+  int p_cols = 0;
+  const void* q = nullptr;
+  int q_cols = 0;
+  int rows_cap = 0;
+  int experts = 0;
+  const int32_t* expert_offset = nullptr;  // the plan's [experts + 1]
+  const int32_t* expert_rows = nullptr;    // the plan's [experts]
+  void* out = nullptr;
+  bool out_f32 = false;
+  bool accumulate = false;
+};
+
 // Multiprocessors and the largest grid of these kernels that is entirely resident at once.
 struct LaunchLimits {
   int sms = 0;
@@ -83,11 +137,24 @@ LaunchLimits layer1_limits_tile();
 template <int TileN>
 void launch_layer1_tile(const Layer1Launch& l, cudaStream_t stream);
 
+template <int TileN>
+LaunchLimits grad_layer1_limits_tile();
+template <int TileN>
+void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream);
+template <int TileN>
+LaunchLimits grad_layer0_limits_tile();
+template <int TileN>
+void launch_grad_layer0_tile(const GradLayer0Launch& l, cudaStream_t stream);
+
 // The entry points by tile width (InvalidArgument for a width that is not compiled).
 LaunchLimits layer0_limits(int tile_n);
 LaunchLimits layer1_limits(int tile_n);
 
 void launch_layer0(const Layer0Launch& l, cudaStream_t stream);
 void launch_layer1(const Layer1Launch& l, cudaStream_t stream);
+LaunchLimits grad_layer_limits(int layer, int tile_n);  // the backward kernel of forward layer `layer`
+void launch_grad_layer1(const GradLayer1Launch& l, cudaStream_t stream);
+void launch_grad_layer0(const GradLayer0Launch& l, cudaStream_t stream);
+void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);
 
 }  // namespace comet::kernels

@@ -7,9 +7,12 @@
 //   A: [rows_cap, K] row-major (the gathered tokens for layer 0, the hidden rows for layer 1);
 //      one M-tile never straddles two experts (the plan pads every expert segment to TileM).
 //   B: [L = local experts][N][K], K-major (nn.Linear layout); the tile's expert selects the L index.
+//      (The backward's operands differ in which dimension is contiguous: Major below.)
 // A is not batched: we view it with an L mode of stride 0, so one blk_coord (m, n, _, expert) serves
 // both operands of the collective's load().
 #pragma once
+
+#include <type_traits>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -18,20 +21,30 @@
 
 namespace comet::kernels {
 
-template <int TileM_, int TileN_>
+// Which dimension of an operand is contiguous in memory. The forward reads A and B K-major; the
+// backward reads the weights N-major (W1 [E_l][H][F_s] as the B of G W1, W0 [E_l][N0_s][H] as the B of
+// dPre W0) and, in the weight gradients (P^T Q over a row range), both operands MN-major.
+enum class Major { k, mn };
+
+template <int TileM_, int TileN_, Major AMajor_ = Major::k, Major BMajor_ = Major::k>
 struct GemmConfig {
   static constexpr int TileM = TileM_;
   static constexpr int TileN = TileN_;
   static constexpr int TileK = 64;
+  static constexpr Major AMajor = AMajor_;
+  static constexpr Major BMajor = BMajor_;
   static constexpr int kThreads = 384;  // producer warp group + two consumer warp groups
   static constexpr int kConsumerThreads = 256;
 
+  // CUTLASS's layout tags: A is M x K (RowMajor: K contiguous), B is K x N (ColumnMajor: K contiguous).
+  using LayoutA = std::conditional_t<AMajor == Major::k, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
+  using LayoutB = std::conditional_t<BMajor == Major::k, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
-      cutlass::bfloat16_t, cutlass::layout::RowMajor, 8,     // A: M x K, K contiguous
-      cutlass::bfloat16_t, cutlass::layout::ColumnMajor, 8,  // B: K x N column-major == N x K, K contiguous
+      cutlass::bfloat16_t, LayoutA, 8,
+      cutlass::bfloat16_t, LayoutB, 8,
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<0>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
@@ -46,8 +59,20 @@ struct GemmConfig {
   };
   static constexpr int kSharedBytes = int(sizeof(SharedStorage));
 
-  // Host: TMA descriptors for A [rows_cap, K] and B [experts][N][K].
-  static MainloopParams make_params(const void* a, int rows_cap, int k, const void* b, int n, int experts) {
+  // Packed strides (m or n, k, l) of an operand with `outer` rows of the non-K dimension and k of K:
+  // K-major [l][outer][k], MN-major [l][k][outer].
+  template <class Stride, Major M>
+  static Stride packed_stride(int outer, int k) {
+    using namespace cute;
+    if constexpr (M == Major::k) {
+      return make_stride(int64_t(k), Int<1>{}, int64_t(outer) * k);
+    } else {
+      return make_stride(Int<1>{}, int64_t(outer), int64_t(outer) * k);
+    }
+  }
+
+  // Host: TMA descriptors for A [m, k] (not batched: one L for all experts) and B [experts] x (n, k).
+  static MainloopParams make_params(const void* a, int m, int k, const void* b, int n, int experts) {
     using namespace cute;
     using StrideA = typename Mainloop::StrideA;
     using StrideB = typename Mainloop::StrideB;
@@ -55,24 +80,22 @@ struct GemmConfig {
     auto ptr_b = static_cast<const cutlass::bfloat16_t*>(b);
     // A's descriptor is built for L = 1; B's for L = experts. (The A descriptor of the second call
     // describes a fake batched A and is discarded.)
-    // Packed K-major strides (m or n, k, l).
-    StrideA da1 = make_stride(int64_t(k), Int<1>{}, int64_t(rows_cap) * k);
-    StrideA dal = da1;
-    StrideB db = make_stride(int64_t(k), Int<1>{}, int64_t(n) * k);
-    MainloopParams pa = Mainloop::to_underlying_arguments(make_shape(rows_cap, n, k, 1),
-                                                          typename Mainloop::Arguments{ptr_a, da1, ptr_b, db}, nullptr);
-    MainloopParams pb = Mainloop::to_underlying_arguments(make_shape(rows_cap, n, k, experts),
-                                                          typename Mainloop::Arguments{ptr_a, dal, ptr_b, db}, nullptr);
+    const StrideA da = packed_stride<StrideA, AMajor>(m, k);
+    const StrideB db = packed_stride<StrideB, BMajor>(n, k);
+    MainloopParams pa = Mainloop::to_underlying_arguments(make_shape(m, n, k, 1),
+                                                          typename Mainloop::Arguments{ptr_a, da, ptr_b, db}, nullptr);
+    MainloopParams pb = Mainloop::to_underlying_arguments(make_shape(m, n, k, experts),
+                                                          typename Mainloop::Arguments{ptr_a, da, ptr_b, db}, nullptr);
     pb.tma_load_a = pa.tma_load_a;
     return pb;
   }
 
   // Device: the (gA_mkl, gB_nkl) tuple the collective's load() expects, A broadcast over L.
-  CUTE_DEVICE static auto load_inputs(const MainloopParams& p, int rows_cap, int n, int k, int experts) {
+  CUTE_DEVICE static auto load_inputs(const MainloopParams& p, int m, int n, int k, int experts) {
     using namespace cute;
     using X = Underscore;
-    Tensor mA1 = p.tma_load_a.get_tma_tensor(make_shape(rows_cap, k, 1));
-    Tensor mA = make_tensor(mA1.data(), make_layout(make_shape(rows_cap, k, experts),
+    Tensor mA1 = p.tma_load_a.get_tma_tensor(make_shape(m, k, 1));
+    Tensor mA = make_tensor(mA1.data(), make_layout(make_shape(m, k, experts),
                                                     make_stride(get<0>(mA1.stride()), get<1>(mA1.stride()), Int<0>{})));
     Tensor mB = p.tma_load_b.get_tma_tensor(make_shape(n, k, experts));
     Tensor gA = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BM,BK,m,k,l)

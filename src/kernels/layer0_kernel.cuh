@@ -3,6 +3,8 @@
 //   blocks [n_comm, gridDim.x)   compute blocks: walk the tiles in plan order; the producer warp waits
 //                                on tile_ready[m] >= epoch before loading a tile that has remote rows;
 //                                the epilogue applies the activation and writes the hidden rows.
+// The backward of layer 1 is this kernel with other operands: the comm blocks pull output-gradient rows,
+// B is W1 read N-major and the epilogue is the activation's backward (epilogue.cuh).
 // Local rows are in A before the launch (local_scatter), so local tiles (first in the order) start at once.
 // n_comm is the host's, or, with an adaptive split, the one every block derives from the plan's counts
 // at kernel start (adaptive_split.hpp).
@@ -17,14 +19,14 @@
 
 namespace comet::kernels {
 
-template <class Cfg>
+// Epi: what the compute blocks do with a finished tile (epilogue.cuh): the forward's activation
+// (ActivationStore, B = W0), or the backward of layer 1 (ActivationBackward, B = W1 read N-major).
+template <class Cfg, class Epi>
 struct Layer0Params {
   typename Cfg::MainloopParams mainloop;
-  GemmExtents ext;  // rows_cap, n = W0 rows, k = H, experts
+  GemmExtents ext;  // rows_cap, n = W0 rows (backward: F/tp), k = H, experts
   DispatchArgs dispatch;
-  EpilogueOp act;
-  __nv_bfloat16* hid;
-  int hid_ld;
+  Epi epi;
   KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
 };
 
@@ -50,9 +52,9 @@ struct Layer0Schedule {
   }
 };
 
-template <class Cfg>
+template <class Cfg, class Epi>
 struct Layer0Hooks {
-  const Layer0Params<Cfg>& p;
+  const Layer0Params<Cfg, Epi>& p;
   int32_t epoch;
 
   // Whole producer warp: lane 0 waits for the tile's remote rows; then every lane orders its later
@@ -69,12 +71,12 @@ struct Layer0Hooks {
 
   template <class Acc>
   __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread) {
-    store_tile<Cfg>(acc, mma_thread, tile, p.act, p.hid, p.hid_ld, p.ext.n);
+    p.epi.template apply<Cfg>(acc, tile, mma_thread);
   }
 };
 
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg> p) {
+template <class Cfg, class Epi>
+__global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg, Epi> p) {
   extern __shared__ __align__(1024) char smem[];
   const int32_t epoch = *p.split.epoch;
   const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_c
     return;
   }
   const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group, p.split.waits};
-  Layer0Hooks<Cfg> hooks{p, epoch};
+  Layer0Hooks<Cfg, Epi> hooks{p, epoch};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 

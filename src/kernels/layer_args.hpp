@@ -13,6 +13,15 @@ namespace comet::kernels {
 // What the GEMM epilogue applies before storing bf16: the expert activation (layer 0) or nothing.
 enum class EpilogueOp : int { none = -1, swiglu = 0, gelu = 1, silu = 2 };
 
+inline EpilogueOp epilogue_op(Activation a) {
+  switch (a) {
+    case Activation::swiglu: return EpilogueOp::swiglu;
+    case Activation::gelu: return EpilogueOp::gelu;
+    case Activation::silu: return EpilogueOp::silu;
+  }
+  return EpilogueOp::none;
+}
+
 // Layer 0's comm role (dispatch_role.cuh).
 struct DispatchArgs {
   const __nv_bfloat16* const* peer_x;  // [W] every rank's token rows [T_cap][H] (exported)
@@ -44,6 +53,7 @@ struct CombineArgs {
   const int32_t* tile_done;  // [max_tiles * n_blocks] epoch of the last call that finished (m, n)
   int unit_begin;            // units to ship: [unit_begin, unit_end); -1: all of the plan's units
   int unit_end;
+  bool unit_weights = false;  // the backward of dispatch: rows summed with weight 1, not their gates
 };
 
 }  // namespace comet::kernels

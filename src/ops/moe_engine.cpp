@@ -1,12 +1,14 @@
 // MoeEngine: buffers, validation and the launch sequence of the fused MoE layer (moe_engine.hpp). What
 // each launch looks like is the planner's decision (tune/launch_planner.hpp); this file executes it.
 #include "ops/moe_engine.hpp"
+#include "ops/rank_state.hpp"
 
 #include <algorithm>
 #include <cstdlib>
 
 #include "comet/cuda_check.hpp"
 #include "kernels/fused_layers.hpp"
+#include "kernels/grad_rows.hpp"
 #include "kernels/layer_sync.hpp"
 #include "kernels/local_rows.hpp"
 
@@ -24,15 +26,6 @@ int default_rows(const MoeShape& s, const Parallel& p, int max_tokens) {
   COMET_REQUIRE(rows < (1LL << 31) - kTileM, "FusedMoe: the worst-case gathered buffer has ", rows,
                 " rows; give MoeCapacity::max_rows_per_rank explicitly");
   return round_up(std::max(rows, 1LL), kTileM);
-}
-
-kernels::EpilogueOp activation_op(Activation a) {
-  switch (a) {
-    case Activation::swiglu: return kernels::EpilogueOp::swiglu;
-    case Activation::gelu: return kernels::EpilogueOp::gelu;
-    case Activation::silu: return kernels::EpilogueOp::silu;
-  }
-  return kernels::EpilogueOp::none;
 }
 
 bool checking_from_env() {
@@ -60,32 +53,6 @@ TuneTable load_table(const std::string& path) {
 }
 
 }  // namespace
-
-struct MoeEngine::RankState {
-  int rank = 0;
-  cudaStream_t stream = nullptr;
-  DevicePlan plan;
-  void* a = nullptr;             // [rows_cap][H]
-  void* hid = nullptr;           // [rows_cap][F_s] the layer's own hidden rows
-  void* hid_call = nullptr;      // the call's hidden rows (RankBatch::hidden), else hid
-  void* y = nullptr;             // [rows_cap][H]
-  void* self_partial = nullptr;  // [T_cap][H]
-  kernels::LayerSync sync;           // the fused launches' flags (kernels/layer_sync.hpp)
-  int32_t* chosen_n_comm = nullptr;  // [2] the adaptive split's pick of the last fused launch per layer
-  LaunchDecision last[2];           // the planner's decision of the last launch per layer
-  const void* w0 = nullptr;
-  const void* w1 = nullptr;
-  const void* x = nullptr;  // the staged batch's tokens (device)
-  int tokens = 0;
-  cudaEvent_t joined = nullptr;  // forward_on: where this rank's stream has got to
-  std::vector<void*> owned;
-  std::function<void(void*)> release;
-
-  ~RankState() {
-    for (void* p : owned) release(p);
-    if (joined) cudaEventDestroy(joined);
-  }
-};
 
 void* MoeEngine::alloc(RankState& s, size_t bytes) {
   bytes = std::max<size_t>(bytes, 16);
@@ -123,10 +90,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   {
     // Processes that build different layers would size the same buffers alike and read each other
     // wrongly: agree on everything that shapes what peers read, before the first symmetric buffer.
-    const int32_t config[] = {shape_.hidden, shape_.ffn,   shape_.num_experts, shape_.topk,
-                              int32_t(shape_.act), par_.ep, par_.tp,            cap_.max_tokens_per_rank};
+    const int32_t config[] = {shape_.hidden, shape_.ffn, shape_.num_experts,          shape_.topk,
+                              int32_t(shape_.act), par_.ep, par_.tp, cap_.max_tokens_per_rank, options_.training};
     team_.require_agreement(config, sizeof(config),
-                            "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens)");
+                            "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens, training)");
   }
   cap_.max_rows_per_rank = cap_.max_rows_per_rank == 0 ? default_rows(shape_, par_, cap_.max_tokens_per_rank)
                                                        : round_up(cap_.max_rows_per_rank, kTileM);
@@ -140,6 +107,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   recv_sym_ = team_.alloc_symmetric(size_t(W) * T * row_bytes);
   device_bytes_per_rank_ =
       team_.symmetric_bytes(x_sym_) + team_.symmetric_bytes(routing_sym_) + team_.symmetric_bytes(recv_sym_);
+  if (options_.training) {
+    gate_recv_sym_ = team_.alloc_symmetric(size_t(W) * T * shape_.topk * sizeof(float));
+    device_bytes_per_rank_ += team_.symmetric_bytes(gate_recv_sym_);
+  }
 
   const int rows = cap_.max_rows_per_rank;
   const int max_tiles = rows / kTileM;
@@ -159,6 +130,11 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     s->sync = kernels::LayerSync::carve(
         static_cast<int32_t*>(alloc(*s, kernels::LayerSync::words(max_tiles, max_n_blocks) * 4)), max_tiles);
     s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, 2 * 4));
+    if (options_.training) {
+      s->pre = alloc(*s, size_t(rows) * w0_shard_rows() * 2);
+      s->grad_rows = alloc(*s, size_t(rows) * row_bytes);
+      s->gate_partials = static_cast<float*>(alloc(*s, size_t(rows) * gate_blocks() * sizeof(float)));
+    }
     COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->joined, cudaEventDisableTiming));
     ranks_.push_back(std::move(s));
   }
@@ -206,6 +182,7 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
   COMET_REQUIRE(s.w0, "FusedMoe: no weights (w0) set for rank ", rank);
   s.x = b.x;
   s.tokens = b.tokens;
+  s.saved = false;  // a new forward: the last one's activations are gone
   s.hid_call = b.hidden ? b.hidden : s.hid;
   const int H = shape_.hidden, k = shape_.topk;
   const RoutingBufferLayout layout{cap_.max_tokens_per_rank, k};
@@ -280,12 +257,13 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   kernels::Layer0Launch l;
   l.tile_n = d.tile_n;
   l.w0 = s.w0;
-  l.n0 = is_gated(shape_.act) ? 2 * par_.ffn_shard(shape_) : par_.ffn_shard(shape_);
+  l.n0 = w0_shard_rows();
   l.experts = par_.local_experts(shape_);
   l.rows_cap = cap_.max_rows_per_rank;
   l.hid = s.hid_call;
   l.hid_ld = par_.ffn_shard(shape_);
-  l.act = activation_op(shape_.act);
+  l.pre = s.pre;  // training: keep the pre-activations
+  l.act = kernels::epilogue_op(shape_.act);
   l.dispatch = kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, rank)),
                                      static_cast<__nv_bfloat16*>(s.a),
                                      shape_.hidden,
@@ -398,6 +376,11 @@ void MoeEngine::run(const std::vector<RankBatch>& batches, Part part) {
   }
   team_.barrier();  // every rank has written its partial rows into the owners' receive slots
   for (size_t i = 0; i < local.size(); ++i) finish(local[i], batches[i]);
+  // The whole layer on the layer's own hidden rows: what a backward needs is in place.
+  for (int r : local) {
+    RankState& s = state(r);
+    s.saved = options_.training && part == Part::whole && s.hid_call == s.hid;
+  }
 }
 
 void MoeEngine::forward(const std::vector<RankBatch>& batches) {
@@ -405,19 +388,27 @@ void MoeEngine::forward(const std::vector<RankBatch>& batches) {
   if (options_.checking) sync_and_check();
 }
 
-void MoeEngine::forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream, Part part) {
-  // Fork: every rank's stream waits for the caller's work so far; join: the caller's stream waits for
-  // every rank's. An event record / wait pair on each side, captured into a CUDA graph like the rest.
+// Fork: every rank's stream waits for the caller's work so far; join: the caller's stream waits for
+// every rank's. An event record / wait pair on each side, captured into a CUDA graph like the rest.
+void MoeEngine::fork(cudaStream_t stream) {
   RankState& first = *ranks_.front();
   COMET_CUDA_CHECK(cudaEventRecord(first.joined, stream));
   for (const auto& s : ranks_)
     if (s->stream != stream) COMET_CUDA_CHECK(cudaStreamWaitEvent(s->stream, first.joined, 0));
-  run(batches, part);
+}
+
+void MoeEngine::join(cudaStream_t stream) {
   for (const auto& s : ranks_) {
     if (s->stream == stream) continue;
     COMET_CUDA_CHECK(cudaEventRecord(s->joined, s->stream));
     COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, s->joined, 0));
   }
+}
+
+void MoeEngine::forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream, Part part) {
+  fork(stream);
+  run(batches, part);
+  join(stream);
   if (options_.checking) sync_and_check();
 }
 

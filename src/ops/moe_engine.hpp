@@ -66,6 +66,7 @@ class MoeEngine {
   //                   combine of what is in the expert-output buffer Y) (then a team barrier)
   //   grad_weights0   dW0_e = dPre_e^T A_e
   //   finish_grad     dx (the partial rows in rank order) and dgates
+  void check_grad(int rank, const RankGrad& grad) const;  // the refusals of stage_grad, without its effects
   void stage_grad(int rank, const RankGrad& grad);
   void prepare_grad(int rank);
   void grad_layer1(int rank, LayerMode mode, const LayerRequest& request);
@@ -115,7 +116,12 @@ class MoeEngine {
   struct RankState;
   RankState& state(int rank) const;
   void run(const std::vector<RankBatch>& batches, Part part);  // forward's launches, without the check
+  void fork(cudaStream_t stream);  // the ranks' streams wait for `stream`
+  void join(cudaStream_t stream);  // `stream` waits for the ranks' streams
   void* alloc(RankState& s, size_t bytes);
+  int w0_shard_rows() const;  // N0_s: W0 rows per local expert (2 F_s for swiglu)
+  // The planner's launch for a backward kernel (the forward layer's decision, on a compiled grad tile).
+  PlannedLaunch grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const;
   // The grid split of a launch of `layer` on a rank, from the planner's decision.
   kernels::GridSplit grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode, int layer) const;
 
@@ -125,6 +131,7 @@ class MoeEngine {
   MoeCapacity cap_;
   MoeOptions options_;
   SymmetricId x_sym_, routing_sym_, recv_sym_;
+  SymmetricId gate_recv_sym_{};  // training: gate-gradient partials [W][T_cap][k] fp32 from each rank
   LaunchPlanner planner_;
   size_t device_bytes_per_rank_ = 0;
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot

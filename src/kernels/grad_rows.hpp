@@ -1,0 +1,38 @@
+// The small kernels around the backward's fused kernels (grad_rows.cu).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "comet/plan.hpp"
+
+namespace comet::kernels {
+
+// Zeroes the padding rows of every expert segment of a gathered buffer [rows_cap][width] bf16 (rows
+// [expert_offset[e] + expert_rows[e], expert_offset[e + 1])): the weight-gradient GEMMs run K over them.
+void zero_padding_rows(void* rows, int width, int local_experts, const PlanView& plan, cudaStream_t stream);
+
+// Gate gradients, step 1 (each rank): for every gathered row, the sum of its gate partials over the
+// column blocks [0, blocks) in order, stored into the token owner's receive slot for this rank:
+// peer_recv[owner][rank][token][slot] (fp32, [W][T_cap][k] per owner).
+struct ShipGateGradsArgs {
+  const float* partials;  // [rows_cap][partial_ld]
+  int partial_ld;
+  int blocks;
+  float* const* peer_recv;  // [W] each owner's receive buffer, as seen from here
+  int rank, topk, max_tokens, max_rows;
+  PlanView plan;
+};
+void ship_gate_grads(const ShipGateGradsArgs& args, cudaStream_t stream);
+
+// Step 2 (the owner, after a team barrier): dgates[t][j] = sum over the TP ranks of the EP group that
+// holds expert ids[t][j], in rank order, of their partials (deterministic).
+struct ReduceGateGradsArgs {
+  const float* recv;  // this rank's receive buffer [W][T_cap][k]
+  const void* ids;    // [tokens][k] int32 or int64
+  bool ids_64;
+  float* dgates;      // [tokens][k]
+  int tokens, topk, max_tokens, tp, local_experts, num_experts;
+};
+void reduce_gate_grads(const ReduceGateGradsArgs& args, cudaStream_t stream);
+
+}  // namespace comet::kernels

@@ -1,0 +1,296 @@
+// MoeEngine's backward (moe_engine.hpp: the steps). The gradient of combine is a dispatch and the
+// gradient of dispatch is a combine, so the backward runs the forward's two fused kernels with other
+// operands, on the forward's plan (same routing, same rows):
+//   grad_layer1  layer 0's kernel: pull the output-gradient rows G (as layer 0 pulls tokens), D = G W1_e
+//                (W1 read N-major), epilogue: gate partials <h, D>, dPre = act'(z) . g D, h <- g h
+//   grad_layer0  layer 1's kernel: dA = dPre W0_e (W0 read N-major), combine with unit weights (the
+//                tokens' owners sum the k slots and the TP shards, as for the forward's output)
+//   weights      dW1_e = G_e^T (g h)_e and dW0_e = dPre_e^T A_e: one grouped GEMM each, K over the
+//                expert's rows (weight_grad_kernel.cuh)
+// Saved by the forward (MoeOptions::training): A (the gathered tokens, kept anyway), the hidden rows, the
+// pre-activations (one buffer more: R x N0_s bf16), the plan and the staged routing.
+#include "comet/cuda_check.hpp"
+#include "kernels/fused_layers.hpp"
+#include "kernels/grad_rows.hpp"
+#include "kernels/local_rows.hpp"
+#include "ops/moe_engine.hpp"
+#include "ops/rank_state.hpp"
+
+namespace comet {
+
+namespace {
+
+constexpr int kTileM = kernels::kTileM;
+
+bool aligned(const void* p, size_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
+
+}  // namespace
+
+int MoeEngine::w0_shard_rows() const {
+  return is_gated(shape_.act) ? 2 * par_.ffn_shard(shape_) : par_.ffn_shard(shape_);
+}
+
+int MoeEngine::gate_blocks() const { return (par_.ffn_shard(shape_) + kTileM - 1) / kTileM; }
+
+PlannedLaunch MoeEngine::grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const {
+  // The backward kernels have the forward layers' shapes of work (layer 1's backward pulls like layer 0,
+  // layer 0's ships like layer 1): they take that layer's decision, on a width they are compiled for.
+  const int forward_layer = layer == 1 ? 0 : 1;
+  PlannedLaunch p = planner_.plan(forward_layer, mode, s.tokens, request);
+  if (!kernels::has_tile(kernels::GradTiles{}, p.decision.tile_n)) {
+    LayerRequest r = request;
+    r.tile_n = 256;
+    p = planner_.plan(forward_layer, mode, s.tokens, r);
+  }
+  return p;
+}
+
+void MoeEngine::check_grad(int rank, const RankGrad& g) const {
+  const RankState& s = state(rank);
+  COMET_REQUIRE(options_.training, "FusedMoe::backward: the layer was built without MoeOptions::training");
+  COMET_REQUIRE(s.saved, "FusedMoe::backward: rank ", rank,
+                " has no forward to differentiate: backward needs a whole forward since the last backward "
+                "(the backward consumes the forward's saved activations)");
+  COMET_REQUIRE(s.tokens == 0 || (g.dout && g.dx && g.dgates), "FusedMoe::backward: rank ", rank,
+                " passes a null dout/dx/dgates pointer");
+  COMET_REQUIRE(g.dw0 && g.dw1, "FusedMoe::backward: rank ", rank, " passes a null dw0/dw1 pointer");
+  COMET_REQUIRE(aligned(g.dout, 16) && aligned(g.dx, 16) && aligned(g.dw0, 16) && aligned(g.dw1, 16) &&
+                    aligned(g.dgates, 4),
+                "FusedMoe::backward: rank ", rank, ": dout, dx, dw0 and dw1 must be 16-byte aligned");
+}
+
+void MoeEngine::stage_grad(int rank, const RankGrad& g) {
+  check_grad(rank, g);
+  RankState& s = state(rank);
+  s.saved = false;
+  s.dout = g.dout;
+  if (s.tokens == 0) return;
+  COMET_CUDA_CHECK(cudaMemcpyAsync(team_.local_ptr(x_sym_, rank), g.dout, size_t(s.tokens) * shape_.hidden * 2,
+                                   cudaMemcpyDefault, s.stream));
+}
+
+void MoeEngine::prepare_grad(int rank) {
+  RankState& s = state(rank);
+  kernels::advance_epoch(s.sync.epoch, s.stream);
+  const PlanView plan = s.plan.view();
+  const int H = shape_.hidden, El = par_.local_experts(shape_);
+  // The weight gradients run K over whole tiles: the padding rows of both of their operands must be
+  // zero (not stale rows that could hold anything). The epilogue of grad_layer1 zeroes those of dPre
+  // and of the hidden rows; these are G's and A's.
+  kernels::zero_padding_rows(s.grad_rows, H, El, plan, s.stream);
+  kernels::zero_padding_rows(s.a, H, El, plan, s.stream);
+  if (s.tokens > 0) kernels::scatter_local(s.dout, s.grad_rows, H, shape_.topk, s.tokens * shape_.topk, plan, s.stream);
+}
+
+void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& request) {
+  RankState& s = state(rank);
+  COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
+  const PlannedLaunch planned = grad_plan(1, s, mode, request);
+  const LaunchDecision& d = planned.decision;
+  kernels::GradLayer1Launch l;
+  l.tile_n = d.tile_n;
+  l.w1 = s.w1;
+  l.ffn_shard = par_.ffn_shard(shape_);
+  l.experts = par_.local_experts(shape_);
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.act = kernels::epilogue_op(shape_.act);
+  l.pre = s.pre;
+  l.n0 = w0_shard_rows();
+  l.hid = s.hid;
+  l.gate_partials = s.gate_partials;
+  l.gate_blocks = gate_blocks();
+  l.dispatch = kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, rank)),
+                                     static_cast<__nv_bfloat16*>(s.grad_rows),
+                                     shape_.hidden,
+                                     shape_.topk,
+                                     kTileM,
+                                     s.plan.view(),
+                                     s.sync.tile_arrived,
+                                     s.sync.tile_ready,
+                                     -1,
+                                     -1,
+                                     options_.dispatch_store_lag};
+  l.split = grid_split(s, planned, mode, 0);
+  s.grad_gate_blocks = (l.ffn_shard + d.tile_n - 1) / d.tile_n;
+  if (d.schedule == Schedule::sequential) {  // as the forward's layer 0: the pull first, on the whole GPU
+    if (par_.world() > 1) {
+      l.split.mode = LayerMode::comm_only;
+      l.split.n_comm = d.resident_blocks;
+      kernels::launch_grad_layer1(l, s.stream);
+    }
+    l.split.mode = LayerMode::gemm_only;
+  }
+  kernels::launch_grad_layer1(l, s.stream);
+}
+
+void MoeEngine::grad_gates(int rank, int blocks) {
+  RankState& s = state(rank);
+  kernels::ShipGateGradsArgs a{};
+  a.partials = s.gate_partials;
+  a.partial_ld = gate_blocks();
+  a.blocks = blocks < 0 ? s.grad_gate_blocks : blocks;
+  COMET_REQUIRE(a.blocks >= 1 && a.blocks <= a.partial_ld, "FusedMoe::grad_gates: ", a.blocks,
+                " partial columns (at most ", a.partial_ld, ")");
+  a.peer_recv = reinterpret_cast<float* const*>(team_.peer_ptrs(gate_recv_sym_, rank));
+  a.rank = rank;
+  a.topk = shape_.topk;
+  a.max_tokens = cap_.max_tokens_per_rank;
+  a.max_rows = cap_.max_rows_per_rank;
+  a.plan = s.plan.view();
+  kernels::ship_gate_grads(a, s.stream);
+}
+
+void MoeEngine::grad_weights1(int rank, const RankGrad& g, const BackwardOptions& o) {
+  RankState& s = state(rank);
+  const PlanView plan = s.plan.view();
+  kernels::WeightGradLaunch l;
+  l.p = s.grad_rows;
+  l.p_cols = shape_.hidden;
+  l.q = s.hid;
+  l.q_cols = par_.ffn_shard(shape_);
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.experts = par_.local_experts(shape_);
+  l.expert_offset = plan.expert_offset;
+  l.expert_rows = plan.expert_rows;
+  l.out = g.dw1;
+  l.out_f32 = o.grad_type == GradType::f32;
+  l.accumulate = o.accumulate;
+  kernels::launch_weight_grad(l, s.stream);
+}
+
+void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& request) {
+  RankState& s = state(rank);
+  COMET_REQUIRE(s.w0 || mode == LayerMode::comm_only, "FusedMoe: no weights (w0) set for rank ", rank);
+  const PlannedLaunch planned = grad_plan(0, s, mode, request);
+  const LaunchDecision& d = planned.decision;
+  const int H = shape_.hidden;
+  kernels::GradLayer0Launch l;
+  l.tile_n = d.tile_n;
+  l.dpre = s.pre;
+  l.n0 = w0_shard_rows();
+  l.w0 = s.w0;
+  l.experts = par_.local_experts(shape_);
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.y = s.y;
+  l.tile_done = s.sync.tile_done;
+  l.combine = kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
+                                   reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, rank)),
+                                   static_cast<__nv_bfloat16*>(s.self_partial),
+                                   H,
+                                   shape_.topk,
+                                   kTileM,
+                                   d.tile_n,
+                                   (H + d.tile_n - 1) / d.tile_n,
+                                   cap_.max_tokens_per_rank,
+                                   rank,
+                                   s.plan.view(),
+                                   s.sync.tile_done,
+                                   -1,
+                                   -1,
+                                   /*unit_weights=*/true};
+  l.split = grid_split(s, planned, mode, 1);
+  if (d.schedule == Schedule::sequential) {  // as the forward's layer 1: the combine after the GEMM
+    l.split.mode = LayerMode::gemm_only;
+    kernels::launch_grad_layer0(l, s.stream);
+    l.split.mode = LayerMode::comm_only;
+    l.split.n_comm = d.resident_blocks;
+  }
+  kernels::launch_grad_layer0(l, s.stream);
+}
+
+void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions& o) {
+  RankState& s = state(rank);
+  const PlanView plan = s.plan.view();
+  kernels::WeightGradLaunch l;
+  l.p = s.pre;  // dPre since grad_layer1
+  l.p_cols = w0_shard_rows();
+  l.q = s.a;
+  l.q_cols = shape_.hidden;
+  l.rows_cap = cap_.max_rows_per_rank;
+  l.experts = par_.local_experts(shape_);
+  l.expert_offset = plan.expert_offset;
+  l.expert_rows = plan.expert_rows;
+  l.out = g.dw0;
+  l.out_f32 = o.grad_type == GradType::f32;
+  l.accumulate = o.accumulate;
+  kernels::launch_weight_grad(l, s.stream);
+}
+
+void MoeEngine::finish_grad(int rank, const RankGrad& g) {
+  RankState& s = state(rank);
+  // The routing as the forward staged it (int32 ids): the caller's ids need not live this long.
+  const RoutingBufferLayout layout{cap_.max_tokens_per_rank, shape_.topk};
+  const int32_t* ids = layout.view(team_.local_ptr(routing_sym_, rank)).ids;
+  kernels::FinalReduceArgs f{};
+  f.recv = static_cast<const __nv_bfloat16*>(team_.local_ptr(recv_sym_, rank));
+  f.self_partial = static_cast<const __nv_bfloat16*>(s.self_partial);
+  f.ids = ids;
+  f.ids_64 = false;
+  f.out = static_cast<__nv_bfloat16*>(g.dx);
+  f.tokens = s.tokens;
+  f.hidden = shape_.hidden;
+  f.topk = shape_.topk;
+  f.max_tokens = cap_.max_tokens_per_rank;
+  f.world = par_.world();
+  f.tp = par_.tp;
+  f.rank = rank;
+  f.local_experts = par_.local_experts(shape_);
+  f.num_experts = shape_.num_experts;
+  kernels::final_reduce(f, s.stream);
+
+  kernels::ReduceGateGradsArgs r{};
+  r.recv = static_cast<const float*>(team_.local_ptr(gate_recv_sym_, rank));
+  r.ids = ids;
+  r.ids_64 = false;
+  r.dgates = g.dgates;
+  r.tokens = s.tokens;
+  r.topk = shape_.topk;
+  r.max_tokens = cap_.max_tokens_per_rank;
+  r.tp = par_.tp;
+  r.local_experts = par_.local_experts(shape_);
+  r.num_experts = shape_.num_experts;
+  kernels::reduce_gate_grads(r, s.stream);
+}
+
+void MoeEngine::backward(const std::vector<RankGrad>& grads, const BackwardOptions& o) {
+  const std::vector<int> local = team_.local_ranks();
+  COMET_REQUIRE(grads.size() == local.size(), "FusedMoe::backward: ", grads.size(), " gradients for ", local.size(),
+                " local ranks");
+  for (size_t i = 0; i < local.size(); ++i) check_grad(local[i], grads[i]);  // all refusals before any work
+  for (size_t i = 0; i < local.size(); ++i) stage_grad(local[i], grads[i]);
+  team_.barrier();  // every rank's output gradients are in its exported buffer
+  for (size_t i = 0; i < local.size(); ++i) {
+    const int r = local[i];
+    prepare_grad(r);
+    grad_layer1(r, LayerMode::fused, options_.layer0);
+    grad_gates(r);
+    grad_weights1(r, grads[i], o);
+    grad_layer0(r, LayerMode::fused, options_.layer1);
+    grad_weights0(r, grads[i], o);
+  }
+  team_.barrier();  // every partial row of dx and of the gate gradients is in its owner's receive slots
+  for (size_t i = 0; i < local.size(); ++i) finish_grad(local[i], grads[i]);
+}
+
+void MoeEngine::backward_on(const std::vector<RankGrad>& grads, cudaStream_t stream, const BackwardOptions& o) {
+  fork(stream);
+  backward(grads, o);
+  join(stream);
+  if (options_.checking) sync_and_check();
+}
+
+void* MoeEngine::pre_activation(int rank) const { return state(rank).pre; }
+void* MoeEngine::grad_gathered(int rank) const { return state(rank).grad_rows; }
+float* MoeEngine::gate_partials(int rank) const { return state(rank).gate_partials; }
+
+void FusedMoe::backward(const RankGrad& grad, cudaStream_t stream, const BackwardOptions& options) {
+  COMET_REQUIRE(engine_->team().local_ranks().size() == 1, "FusedMoe::backward(grad, stream): this process drives ",
+                engine_->team().local_ranks().size(), " ranks; pass one RankGrad per rank");
+  engine_->backward_on({grad}, stream, options);
+}
+
+void FusedMoe::backward(const std::vector<RankGrad>& grads, cudaStream_t stream, const BackwardOptions& options) {
+  engine_->backward_on(grads, stream, options);
+}
+
+}  // namespace comet

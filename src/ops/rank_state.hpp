@@ -1,0 +1,50 @@
+// What the engine keeps per local rank (moe_engine.cpp, moe_backward.cpp): its stream, plan, buffers,
+// flags and the state of the last calls. Internal.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <functional>
+#include <vector>
+
+#include "comet/device_plan.hpp"
+#include "kernels/layer_sync.hpp"
+#include "tune/launch_planner.hpp"
+#include "ops/moe_engine.hpp"
+
+namespace comet {
+
+struct MoeEngine::RankState {
+  int rank = 0;
+  cudaStream_t stream = nullptr;
+  DevicePlan plan;
+  void* a = nullptr;             // [rows_cap][H]
+  void* hid = nullptr;           // [rows_cap][F_s] the layer's own hidden rows
+  void* hid_call = nullptr;      // the call's hidden rows (RankBatch::hidden), else hid
+  void* y = nullptr;             // [rows_cap][H]
+  void* self_partial = nullptr;  // [T_cap][H]
+  kernels::LayerSync sync;           // the fused launches' flags (kernels/layer_sync.hpp)
+  int32_t* chosen_n_comm = nullptr;  // [2] the adaptive split's pick of the last fused launch per layer
+  LaunchDecision last[2];           // the planner's decision of the last launch per layer
+  const void* w0 = nullptr;
+  const void* w1 = nullptr;
+  const void* x = nullptr;  // the staged batch's tokens (device)
+  int tokens = 0;
+  // Training (MoeOptions::training): what the backward reads besides A and hid.
+  void* pre = nullptr;            // [rows_cap][N0_s] pre-activations (dPre after grad_layer1)
+  void* grad_rows = nullptr;      // G [rows_cap][H] gathered output gradients
+  float* gate_partials = nullptr; // [rows_cap][gate_blocks]
+  bool saved = false;             // the last forward kept its activations and no backward used them yet
+  int grad_gate_blocks = 0;       // column blocks of the last fused grad_layer1
+  const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)
+  cudaEvent_t joined = nullptr;  // forward_on: where this rank's stream has got to
+  std::vector<void*> owned;
+  std::function<void(void*)> release;
+
+  ~RankState() {
+    for (void* p : owned) release(p);
+    if (joined) cudaEventDestroy(joined);
+  }
+};
+
+}  // namespace comet

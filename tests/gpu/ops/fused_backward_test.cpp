@@ -1,0 +1,290 @@
+// The fused MoE layer's backward on W virtual ranks (LocalTeam) against the CPU reference backward
+// (reference::backward: dx, the gate gradients and dW0 / dW1 of sum <dout, out>), for EP, TP and EP x TP,
+// both links, the ugly routings and every activation; bitwise determinism across comm-block counts and
+// repeats; the refusals (no training, a second backward of one forward).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "comet/bf16.hpp"
+#include "comet/fused_moe.hpp"
+#include "comet/reference.hpp"
+#include "comet/weight_layout.hpp"
+#include "harness/moe_problem.hpp"
+#include "ops/moe_engine.hpp"
+#include "support/expect_invalid.hpp"
+
+using namespace comet;
+using namespace comet::testing;
+
+namespace {
+
+struct BwdCase {
+  const char* name;
+  MoeShape shape;
+  Parallel par;
+  std::vector<int> tokens;
+  RoutingKind kind = RoutingKind::uniform;
+  Link link = Link::device;
+  LayerRequest l0 = forced(256, 2);  // forward layer 0 and the backward of layer 1 (same kind of kernel)
+  LayerRequest l1 = forced(256, 4);  // forward layer 1 and the backward of layer 0
+  GradType grad_type = GradType::f32;
+  int hot = 0;
+};
+
+std::ostream& operator<<(std::ostream& os, const BwdCase& c) { return os << c.name; }
+
+// One rank's gradient buffers.
+struct RankGrads {
+  DeviceBuffer dout, dx, dgates, dw0, dw1;
+  RankGrad grad() const {
+    return RankGrad{dout.get(), dx.get(), dgates.as<float>(), dw0.get(), dw1.get()};
+  }
+};
+
+std::vector<float> random_bf16(size_t n, uint64_t seed) {
+  std::mt19937_64 gen(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = round_to_bf16(u(gen));
+  return v;
+}
+
+struct Harness {
+  BwdCase c;
+  MoeProblem problem;
+  LocalTeam team;
+  FusedMoe fused;
+  MoeEngine& moe;
+  std::vector<std::unique_ptr<DeviceRank>> ranks;
+  std::vector<std::vector<float>> dout;  // per rank [T][H]
+  std::vector<RankGrads> grads;
+
+  static MoeOptions options_of(const BwdCase& c) {
+    MoeOptions o;
+    o.layer0 = c.l0;
+    o.layer1 = c.l1;
+    o.training = true;
+    return o;
+  }
+
+  explicit Harness(const BwdCase& bc, uint64_t seed = 1)
+      : c(bc),
+        problem(MoeProblem::make(c.shape, c.par, c.tokens, c.kind, seed, c.hot)),
+        team(c.par.world(), c.link),
+        fused(team, c.shape, c.par, MoeCapacity{problem.max_tokens(), 0}, options_of(c)),
+        moe(fused.engine()) {
+    team.set_timeout(3.0);
+    const int W = c.par.world(), H = c.shape.hidden, k = c.shape.topk;
+    const int El = c.par.local_experts(c.shape), Fs = c.par.ffn_shard(c.shape);
+    const size_t w0_elems = size_t(El) * c.shape.w0_rows() / c.par.tp * H, w1_elems = size_t(El) * H * Fs;
+    const size_t wbytes = c.grad_type == GradType::f32 ? 4 : 2;
+    grads.resize(W);
+    for (int r = 0; r < W; ++r) {
+      ranks.push_back(upload_rank(problem, r));
+      moe.set_weights(r, ranks[r]->w0.get(), ranks[r]->w1.get());
+      const int T = c.tokens[r];
+      dout.push_back(random_bf16(size_t(T) * H, seed * 1000 + r));
+      RankGrads& g = grads[r];
+      g.dout = DeviceBuffer(to_bf16(dout[r]));
+      g.dx = DeviceBuffer(std::max<size_t>(size_t(T) * H * 2, 16));
+      g.dgates = DeviceBuffer(std::max<size_t>(size_t(T) * k * 4, 16));
+      g.dw0 = DeviceBuffer(w0_elems * wbytes);
+      g.dw1 = DeviceBuffer(w1_elems * wbytes);
+    }
+  }
+  std::vector<RankBatch> batches() const {
+    std::vector<RankBatch> b;
+    for (const auto& r : ranks) b.push_back(r->batch());
+    return b;
+  }
+  std::vector<RankGrad> grad_list() const {
+    std::vector<RankGrad> g;
+    for (const auto& r : grads) g.push_back(r.grad());
+    return g;
+  }
+  // Forward + backward through the public API.
+  void run() {
+    fused.forward(batches());
+    fused.backward(grad_list(), nullptr, BackwardOptions{c.grad_type, false});
+    fused.sync_and_check();
+  }
+  // Forward + backward step by step with explicit variants (bl1: backward of layer 1, bl0: of layer 0).
+  void run_steps(const LayerRequest& bl1, const LayerRequest& bl0) {
+    fused.forward(batches());
+    const int W = c.par.world();
+    const BackwardOptions o{c.grad_type, false};
+    for (int r = 0; r < W; ++r) moe.stage_grad(r, grads[r].grad());
+    team.barrier();
+    for (int r = 0; r < W; ++r) {
+      moe.prepare_grad(r);
+      moe.grad_layer1(r, LayerMode::fused, bl1);
+      moe.grad_gates(r);
+      moe.grad_weights1(r, grads[r].grad(), o);
+      moe.grad_layer0(r, LayerMode::fused, bl0);
+      moe.grad_weights0(r, grads[r].grad(), o);
+    }
+    team.barrier();
+    for (int r = 0; r < W; ++r) moe.finish_grad(r, grads[r].grad());
+    fused.sync_and_check();
+  }
+
+  std::vector<float> weights_as_float(const DeviceBuffer& b, size_t n) const {
+    if (c.grad_type == GradType::f32) return b.download<float>(n);
+    std::vector<float> f(n);
+    const auto bits = b.download<bf16_bits>(n);
+    for (size_t i = 0; i < n; ++i) f[i] = bf16_to_float(bits[i]);
+    return f;
+  }
+  // Everything the backward wrote, as floats: per rank dx, dgates, and the full dW0, dW1.
+  reference::Gradients<float> gradients() const {
+    const MoeShape& s = c.shape;
+    const int W = c.par.world(), H = s.hidden, k = s.topk;
+    const int El = c.par.local_experts(s), Fs = c.par.ffn_shard(s);
+    const int n0 = s.w0_rows() / c.par.tp;
+    reference::Gradients<float> g;
+    g.dw0.assign(problem.weights.w0.size(), 0.f);
+    g.dw1.assign(problem.weights.w1.size(), 0.f);
+    for (int r = 0; r < W; ++r) {
+      const int T = c.tokens[r];
+      std::vector<float> dx(size_t(T) * H);
+      const auto bits = grads[r].dx.download<bf16_bits>(dx.size());
+      for (size_t i = 0; i < dx.size(); ++i) dx[i] = bf16_to_float(bits[i]);
+      g.dx.push_back(dx);
+      g.dgates.push_back(grads[r].dgates.download<float>(size_t(T) * k));
+      unshard_add_w0(s, c.par, r, weights_as_float(grads[r].dw0, size_t(El) * n0 * H), g.dw0);
+      unshard_add_w1(s, c.par, r, weights_as_float(grads[r].dw1, size_t(El) * H * Fs), g.dw1);
+    }
+    return g;
+  }
+  reference::Gradients<float> reference() const {
+    return reference::backward(c.shape, c.par, problem.weights, problem.inputs, dout);
+  }
+};
+
+// Relative errors. The GPU rounds G, the saved hidden rows and pre-activations, dPre and dA to bf16
+// (8 bits of mantissa: a relative rounding of 2^-9 per value) and sums in fp32; the reference is fp32
+// throughout. Errors of a few bf16 roundings compounded over the two GEMMs: 2e-2 on whole arrays, more
+// room on single rows, which may be small sums of cancelling terms.
+void expect_gradients_match(const Harness& h) {
+  const auto got = h.gradients();
+  const auto ref = h.reference();
+  const int W = h.c.par.world();
+  for (int r = 0; r < W; ++r) {
+    if (h.c.tokens[r] == 0) continue;
+    EXPECT_LT(relative_error(got.dx[r], ref.dx[r]), 2e-2) << "dx, rank " << r;
+    EXPECT_LT(worst_row_error(got.dx[r], ref.dx[r], h.c.shape.hidden), 6e-2) << "dx, rank " << r;
+    EXPECT_LT(relative_error(got.dgates[r], ref.dgates[r]), 2e-2) << "dgates, rank " << r;
+  }
+  EXPECT_LT(relative_error(got.dw0, ref.dw0), 2e-2) << "dW0";
+  EXPECT_LT(relative_error(got.dw1, ref.dw1), 2e-2) << "dW1";
+  // An expert that no token chose has zero gradients, exactly.
+  const MoeShape& s = h.c.shape;
+  const size_t per0 = size_t(s.w0_rows()) * s.hidden, per1 = size_t(s.hidden) * s.ffn;
+  for (int e = 0; e < s.num_experts; ++e) {
+    bool ref_zero = true;
+    for (size_t i = 0; i < per1 && ref_zero; ++i) ref_zero = ref.dw1[e * per1 + i] == 0.f;
+    if (!ref_zero) continue;
+    for (size_t i = 0; i < per0; ++i) ASSERT_EQ(got.dw0[e * per0 + i], 0.f) << "dW0 of unused expert " << e;
+    for (size_t i = 0; i < per1; ++i) ASSERT_EQ(got.dw1[e * per1 + i], 0.f) << "dW1 of unused expert " << e;
+  }
+}
+
+class FusedBackwardCase : public ::testing::TestWithParam<BwdCase> {};
+
+TEST_P(FusedBackwardCase, MatchesReference) {
+  Harness h(GetParam());
+  h.run();
+  expect_gradients_match(h);
+}
+
+const MoeShape kSmallSwiglu{256, 512, 8, 2, Activation::swiglu};
+const MoeShape kTop8{512, 256, 16, 8, Activation::swiglu};
+const MoeShape kGelu{384, 384, 8, 2, Activation::gelu};
+const MoeShape kSilu{256, 640, 4, 1, Activation::silu};
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, FusedBackwardCase,
+    ::testing::Values(
+        BwdCase{"W1_single_rank", kSmallSwiglu, {1, 1}, {300}, RoutingKind::uniform, Link::device, forced(256, 0),
+                forced(256, 0)},
+        BwdCase{"EP2_device", kSmallSwiglu, {2, 1}, {37, 200}},
+        BwdCase{"EP2_host_bf16_grads", kSmallSwiglu, {2, 1}, {130, 64}, RoutingKind::uniform, Link::host,
+                forced(256, 2), forced(256, 4), GradType::bf16},
+        BwdCase{"EP4_zero_token_rank", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
+        BwdCase{"EP8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform, Link::host},
+        BwdCase{"EP4_all_to_one_expert_top1_silu", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+        BwdCase{"EP4_zipf", kSmallSwiglu, {4, 1}, {300, 250, 20, 77}, RoutingKind::zipf},
+        BwdCase{"TP4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}},
+        BwdCase{"TP2_host", kSmallSwiglu, {1, 2}, {160, 31}, RoutingKind::uniform, Link::host},
+        BwdCase{"EP2xTP2_top8", kTop8, {2, 2}, {80, 0, 150, 41}},
+        BwdCase{"EP4xTP2_host_zipf", kSmallSwiglu, {4, 2}, {20, 40, 60, 80, 100, 0, 7, 130}, RoutingKind::zipf,
+                Link::host},
+        BwdCase{"EP4_tile128", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
+                forced(128, 3, 4, 1), forced(128, 3, 4, 2)},
+        BwdCase{"EP4_sequential_schedule", kGelu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::host,
+                forced(256, 0), forced(256, 0)}),
+    [](const ::testing::TestParamInfo<BwdCase>& info) { return std::string(info.param.name); });
+
+// The same gradients, bitwise, whatever the comm blocks, tiles' grouping and repeats.
+TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
+  BwdCase c{"det", kTop8, {4, 1}, {200, 150, 0, 99}, RoutingKind::uniform, Link::host};
+  Harness h(c);
+  h.run_steps(forced(256, 2), forced(256, 4));
+  const auto first = h.gradients();
+  expect_gradients_match(h);
+  auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+  };
+  for (int n_comm : {1, 8, 32, 0}) {
+    h.run_steps(forced(256, n_comm, 2, 1), forced(256, n_comm, 3, 2));
+    const auto got = h.gradients();
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_TRUE(same(got.dx[r], first.dx[r])) << "dx, n_comm " << n_comm << " rank " << r;
+      EXPECT_TRUE(same(got.dgates[r], first.dgates[r])) << "dgates, n_comm " << n_comm << " rank " << r;
+    }
+    EXPECT_TRUE(same(got.dw0, first.dw0)) << "dW0, n_comm " << n_comm;
+    EXPECT_TRUE(same(got.dw1, first.dw1)) << "dW1, n_comm " << n_comm;
+  }
+  h.run();
+  const auto again = h.gradients();
+  EXPECT_TRUE(same(again.dw0, first.dw0) && same(again.dw1, first.dw1) && same(again.dx[0], first.dx[0]));
+}
+
+// accumulate adds into the caller's gradients: two backwards of two identical forwards give twice one.
+TEST(FusedBackward, AccumulateAddsToMainGrads) {
+  BwdCase c{"acc", kSmallSwiglu, {2, 1}, {100, 60}};
+  Harness h(c);
+  h.run();
+  const auto once = h.gradients();
+  h.fused.forward(h.batches());
+  h.fused.backward(h.grad_list(), nullptr, BackwardOptions{GradType::f32, true});
+  h.fused.sync_and_check();
+  const auto twice = h.gradients();
+  for (size_t i = 0; i < once.dw0.size(); ++i) ASSERT_EQ(twice.dw0[i], 2 * once.dw0[i]) << "dW0 element " << i;
+  for (size_t i = 0; i < once.dw1.size(); ++i) ASSERT_EQ(twice.dw1[i], 2 * once.dw1[i]) << "dW1 element " << i;
+}
+
+TEST(FusedBackward, RefusesWithoutASavedForward) {
+  BwdCase c{"refuse", kSmallSwiglu, {2, 1}, {40, 50}};
+  Harness h(c);
+  // No forward yet.
+  expect_invalid([&] { h.fused.backward(h.grad_list()); }, "no forward to differentiate");
+  h.run();
+  // The forward was consumed by the first backward.
+  expect_invalid([&] { h.fused.backward(h.grad_list()); }, "no forward to differentiate");
+  // A layer built for inference.
+  MoeOptions o;
+  FusedMoe inference(h.team, c.shape, c.par, MoeCapacity{h.problem.max_tokens(), 0}, o);
+  for (int r = 0; r < 2; ++r) inference.set_weights(r, h.ranks[r]->w0.get(), h.ranks[r]->w1.get());
+  inference.forward(h.batches());
+  expect_invalid([&] { inference.backward(h.grad_list()); }, "without MoeOptions::training");
+  // A null gradient pointer.
+  h.fused.forward(h.batches());
+  auto bad = h.grad_list();
+  bad[1].dw0 = nullptr;
+  expect_invalid([&] { h.fused.backward(bad); }, "null dw0/dw1");
+}
+
+}  // namespace

@@ -141,7 +141,13 @@ void MoeEngine::grad_gates(int rank, int blocks) {
 }
 
 void MoeEngine::grad_weights1(int rank, const RankGrad& g, const BackwardOptions& o) {
-  RankState& s = state(rank);
+  grad_weights1_on(state(rank), g, o, state(rank).stream);
+}
+void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions& o) {
+  grad_weights0_on(state(rank), g, o, state(rank).stream);
+}
+
+void MoeEngine::grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream) {
   const PlanView plan = s.plan.view();
   kernels::WeightGradLaunch l;
   l.p = s.grad_rows;
@@ -155,7 +161,7 @@ void MoeEngine::grad_weights1(int rank, const RankGrad& g, const BackwardOptions
   l.out = g.dw1;
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
-  kernels::launch_weight_grad(l, s.stream);
+  kernels::launch_weight_grad(l, stream);
 }
 
 void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& request) {
@@ -198,8 +204,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   kernels::launch_grad_layer0(l, s.stream);
 }
 
-void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions& o) {
-  RankState& s = state(rank);
+void MoeEngine::grad_weights0_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream) {
   const PlanView plan = s.plan.view();
   kernels::WeightGradLaunch l;
   l.p = s.pre;  // dPre since grad_layer1
@@ -213,7 +218,7 @@ void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions
   l.out = g.dw0;
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
-  kernels::launch_weight_grad(l, s.stream);
+  kernels::launch_weight_grad(l, stream);
 }
 
 void MoeEngine::finish_grad(int rank, const RankGrad& g) {
@@ -261,12 +266,19 @@ void MoeEngine::backward(const std::vector<RankGrad>& grads, const BackwardOptio
   team_.barrier();  // every rank's output gradients are in its exported buffer
   for (size_t i = 0; i < local.size(); ++i) {
     const int r = local[i];
+    RankState& s = state(r);
     prepare_grad(r);
     grad_layer1(r, LayerMode::fused, options_.layer0);
     grad_gates(r);
-    grad_weights1(r, grads[i], o);
+    // dW1 and dW0 need only what grad_layer1 wrote: on the side stream, beside grad_layer0, whose
+    // combine then overlaps them (launched first, so the fused kernel's grid is resident first).
+    COMET_CUDA_CHECK(cudaEventRecord(s.side_fork, s.stream));
     grad_layer0(r, LayerMode::fused, options_.layer1);
-    grad_weights0(r, grads[i], o);
+    COMET_CUDA_CHECK(cudaStreamWaitEvent(s.side, s.side_fork, 0));
+    grad_weights1_on(s, grads[i], o, s.side);
+    grad_weights0_on(s, grads[i], o, s.side);
+    COMET_CUDA_CHECK(cudaEventRecord(s.side_join, s.side));
+    COMET_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.side_join, 0));
   }
   team_.barrier();  // every partial row of dx and of the gate gradients is in its owner's receive slots
   for (size_t i = 0; i < local.size(); ++i) finish_grad(local[i], grads[i]);

@@ -131,6 +131,11 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
         static_cast<int32_t*>(alloc(*s, kernels::LayerSync::words(max_tiles, max_n_blocks) * 4)), max_tiles);
     s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, 2 * 4));
     if (options_.training) {
+      int least = 0, greatest = 0;
+      COMET_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+      COMET_CUDA_CHECK(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, least));
+      COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->side_fork, cudaEventDisableTiming));
+      COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->side_join, cudaEventDisableTiming));
       s->pre = alloc(*s, size_t(rows) * w0_shard_rows() * 2);
       s->grad_rows = alloc(*s, size_t(rows) * row_bytes);
       s->gate_partials = static_cast<float*>(alloc(*s, size_t(rows) * gate_blocks() * sizeof(float)));

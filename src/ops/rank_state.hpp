@@ -37,6 +37,10 @@ struct MoeEngine::RankState {
   bool saved = false;             // the last forward kept its activations and no backward used them yet
   int grad_gate_blocks = 0;       // column blocks of the last fused grad_layer1
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)
+  // The weight gradients run beside grad_layer0 on a low-priority stream: they take the SMs its
+  // compute blocks leave while its comm blocks finish the combine.
+  cudaStream_t side = nullptr;
+  cudaEvent_t side_fork = nullptr, side_join = nullptr;
   cudaEvent_t joined = nullptr;  // forward_on: where this rank's stream has got to
   std::vector<void*> owned;
   std::function<void(void*)> release;
@@ -44,6 +48,9 @@ struct MoeEngine::RankState {
   ~RankState() {
     for (void* p : owned) release(p);
     if (joined) cudaEventDestroy(joined);
+    if (side_fork) cudaEventDestroy(side_fork);
+    if (side_join) cudaEventDestroy(side_join);
+    if (side) cudaStreamDestroy(side);
   }
 };
 

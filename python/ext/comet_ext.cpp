@@ -103,6 +103,28 @@ RankBatch batch_of(const BatchTuple& b) {
   return r;
 }
 
+// (dout, dx, dgates, dw0, dw1): one rank's gradients of the last forward as device addresses.
+using GradTuple = std::tuple<uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t>;
+
+RankGrad grad_of(const GradTuple& g) {
+  RankGrad r;
+  r.dout = reinterpret_cast<const void*>(std::get<0>(g));
+  r.dx = reinterpret_cast<void*>(std::get<1>(g));
+  r.dgates = reinterpret_cast<float*>(std::get<2>(g));
+  r.dw0 = reinterpret_cast<void*>(std::get<3>(g));
+  r.dw1 = reinterpret_cast<void*>(std::get<4>(g));
+  return r;
+}
+
+BackwardOptions backward_options(const std::string& grad_type, bool accumulate) {
+  BackwardOptions o;
+  if (grad_type == "bf16") o.grad_type = GradType::bf16;
+  else if (grad_type == "f32") o.grad_type = GradType::f32;
+  else throw InvalidArgument("grad_type must be 'bf16' or 'f32', got '" + grad_type + "'");
+  o.accumulate = accumulate;
+  return o;
+}
+
 cudaStream_t stream_of(uintptr_t s) { return reinterpret_cast<cudaStream_t>(s); }
 
 nb::dict decision_dict(const LaunchDecision& d) {
@@ -178,7 +200,7 @@ NB_MODULE(_C, m) {
           [](FusedMoe* self, Team& team, int hidden, int ffn, int experts, int topk, const std::string& activation,
              int ep, int tp, int max_tokens, int max_rows, std::optional<int> layer0_tile_n,
              std::optional<int> layer0_n_comm, std::optional<int> layer1_tile_n, std::optional<int> layer1_n_comm,
-             bool adaptive_split, bool batch_invariant, bool checking, const std::string& tune_table,
+             bool adaptive_split, bool batch_invariant, bool checking, bool training, const std::string& tune_table,
              std::optional<nb::object> allocate, std::optional<nb::object> release) {
             MoeOptions o;
             o.layer0 = request(layer0_tile_n, layer0_n_comm);
@@ -186,6 +208,7 @@ NB_MODULE(_C, m) {
             o.adaptive_split = adaptive_split;
             o.batch_invariant = batch_invariant;
             o.checking = checking;
+            o.training = training;
             o.tune_table = tune_table;
             o.allocator = allocator_from(std::move(allocate), std::move(release));
             new (self) FusedMoe(team, MoeShape{hidden, ffn, experts, topk, activation_of(activation)},
@@ -196,7 +219,8 @@ NB_MODULE(_C, m) {
           nb::arg("activation"), nb::arg("ep"), nb::arg("tp"), nb::arg("max_tokens"), nb::arg("max_rows") = 0,
           nb::arg("layer0_tile_n") = nb::none(), nb::arg("layer0_n_comm") = nb::none(),
           nb::arg("layer1_tile_n") = nb::none(), nb::arg("layer1_n_comm") = nb::none(),
-          nb::arg("adaptive_split") = true, nb::arg("batch_invariant") = false, nb::arg("checking") = false, nb::arg("tune_table") = "",
+          nb::arg("adaptive_split") = true, nb::arg("batch_invariant") = false, nb::arg("checking") = false,
+          nb::arg("training") = false, nb::arg("tune_table") = "",
           nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none())
       .def(
           "set_weights",
@@ -234,6 +258,30 @@ NB_MODULE(_C, m) {
             else throw InvalidArgument("FusedMoe.forward: part must be whole, layer0 or layer1, got " + part);
           },
           nb::arg("weights"), nb::arg("batches"), nb::arg("stream"), nb::arg("part") = "whole")
+      // Gradients of the last whole forward (built with training=True), for this process's one rank:
+      // grad = (dout, dx, dgates, dw0, dw1); grad_type "bf16" or "f32" (dw0 / dw1); accumulate: dw += the
+      // gradient instead of overwriting it.
+      .def(
+          "backward1",
+          [](FusedMoe& m, int rank, const GradTuple& grad, uintptr_t stream, const std::string& grad_type,
+             bool accumulate) {
+            const std::vector<int> local = m.team().local_ranks();
+            COMET_REQUIRE(local.size() == 1 && local[0] == rank, "FusedMoe.backward1: rank ", rank,
+                          " is not the one rank this process drives");
+            m.backward(grad_of(grad), stream_of(stream), backward_options(grad_type, accumulate));
+          },
+          nb::arg("rank"), nb::arg("grad"), nb::arg("stream"), nb::arg("grad_type") = "bf16",
+          nb::arg("accumulate") = false)
+      // Every local rank: grads[i] of team.local_ranks()[i].
+      .def(
+          "backward",
+          [](FusedMoe& m, const std::vector<GradTuple>& grads, uintptr_t stream, const std::string& grad_type,
+             bool accumulate) {
+            std::vector<RankGrad> rg;
+            for (const GradTuple& g : grads) rg.push_back(grad_of(g));
+            m.backward(rg, stream_of(stream), backward_options(grad_type, accumulate));
+          },
+          nb::arg("grads"), nb::arg("stream"), nb::arg("grad_type") = "bf16", nb::arg("accumulate") = false)
       .def("sync_and_check", &FusedMoe::sync_and_check)
       .def(
           "last_decision", [](const FusedMoe& m, int rank, int layer) { return decision_dict(m.last_decision(rank, layer)); },

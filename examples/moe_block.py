@@ -85,7 +85,8 @@ def main():
     torch.cuda.set_device(rank % torch.cuda.device_count())
     torch.manual_seed(0)  # the same weights on every rank
     team = comet.Team.from_process_group(ep=world)
-    moe = comet.MoELayer(a.hidden, a.ffn, a.experts, 2, team=team, max_tokens=a.tokens, router=True)
+    moe = comet.MoELayer(a.hidden, a.ffn, a.experts, 2, team=team, max_tokens=a.tokens, router=True,
+                         training=False)  # inference only: no buffers for a backward
     gate_up = (torch.randn(a.experts, 2 * a.ffn, a.hidden, device="cuda") / a.hidden ** 0.5).to(torch.bfloat16)
     down = (torch.randn(a.experts, a.hidden, a.ffn, device="cuda") / a.ffn ** 0.5).to(torch.bfloat16)
     moe.load_experts(gate_up, down)

@@ -54,7 +54,7 @@ def gpu_ms(fn, calls: int = 20) -> float:
 def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
     H, F, E, k = MODELS[model]
     team = comet.Team.local(world, link)
-    layer = comet.MoELayer(H, F, E, k, team=team, max_tokens=tokens)
+    layer = comet.MoELayer(H, F, E, k, team=team, max_tokens=tokens, training=False)  # the inference forward
     gen = torch.Generator(device="cuda").manual_seed(0)
     xs = [torch.randn(tokens, H, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(world)]
     logits = [torch.randn(tokens, E, device="cuda", generator=gen) for _ in range(world)]

@@ -59,13 +59,23 @@ class MoELayer(nn.Module):
 
     The tuner picks each launch's variant; tile_n / n_comm (pairs for layer 0 and layer 1) force one.
     Device memory: see comet.FusedMoE (``self.engine.device_bytes_per_rank``).
+
+    Training (training=True, the default): autograd fills w0.grad and w1.grad, the inputs' gradients and
+    the gate weights' (so the router, or the caller's routing, trains through them). A backward pairs
+    with the layer's last forward: run it before the layer's next forward (comet.ops).
+    Saved bytes: the training buffers are sized by max_rows (rows of each rank's gathered buffer; a token
+    takes k of them, on the ranks of its experts): per row, 2 N0_s bytes of layer-0 pre-activations
+    (N0_s = 2 F/tp for swiglu, else F/tp) and the backward's 2 H + 4 ceil(F/tp / 128). Per token under
+    EP with swiglu: about k (4 F + 2 H) bytes, 2 x 64.4 KiB for Mixtral-8x7B (H 4096, F 14336).
+    training=False (inference) does without them; its backward raises.
     """
 
     def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
                  activation: str = "swiglu", *, team: Optional[Team] = None, max_tokens: int = 4096,
                  max_rows: int = 0, router: bool = False, renormalize: bool = True, shared_ffn: int = 0,
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
-                 adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False):
+                 adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
+                 training: bool = True):
         super().__init__()
         if dtype != torch.bfloat16:
             raise TypeError(f"MoELayer: the expert kernels run bf16 (fp8 later), got dtype {dtype}")
@@ -74,7 +84,7 @@ class MoELayer(nn.Module):
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,
                                max_tokens=max_tokens, max_rows=max_rows, tile_n=tile_n, n_comm=n_comm,
                                adaptive_split=adaptive_split, batch_invariant=batch_invariant,
-                               checking=checking)
+                               checking=checking, training=training)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         e = self.engine

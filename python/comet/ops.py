@@ -7,6 +7,8 @@ break. Lists hold one tensor per rank this process drives (one under torchrun, W
   comet::moe_forward(x[], ids[], gates[], w0, w1, handle) -> out[]    the whole layer (fused)
   comet::moe_layer0(x[], ids[], gates[], w0, handle) -> hidden[]      dispatch + GEMM0 + activation
   comet::moe_layer1(hidden[], ids[], w1, handle) -> out[]             GEMM1 + top-k combine
+  comet::moe_backward(dout[], w0, w1, handle) -> (dx[], dgates[], dw0, dw1)
+                                                                     moe_forward's gradients
 
 w0 / w1 are the local ranks' weights stacked, [L, E_l, N0_s, H] and [L, E_l, H, F_s] (MoELayer's
 parameters as they are: no per-call unbinding).
@@ -14,6 +16,13 @@ parameters as they are: no per-call unbinding).
 A handle names a FusedMoE (the layer's buffers, team and tuner state). moe_layer1 consumes the routing
 staged by the last moe_layer0 of the same handle; hidden holds the plan's rows ([max_rows, F/tp], rows
 grouped by expert, padding rows unused).
+
+Autograd: moe_forward's backward is moe_backward (layers built with training=True). It differentiates
+the layer's LAST whole forward, whose activations the C++ layer saved, and consumes them: run each
+forward's backward before the same layer's next forward (activation checkpointing, which recomputes
+the forward just before its backward, fits). dout is contiguous bf16 [T, H] per rank (T: that forward's);
+dgates is fp32 [T, k]; dw0 / dw1 are stacked like w0 / w1 and of their dtype. The split ops have no
+backward.
 """
 from __future__ import annotations
 
@@ -31,8 +40,18 @@ _ACTIVATIONS = ("swiglu", "gelu", "silu")
 _IDS_DTYPES = (torch.int32, torch.int64)
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)  # the fast path; subclasses take the full check
 
-# handle -> (native FusedMoe, its ranks' indices in the lists); an int crosses the op boundary.
-_registry: dict[int, tuple] = {}
+
+@dataclass
+class _Registered:
+    """What the ops know of a layer by its handle (an int crosses the op boundary, not the object)."""
+    native: object  # comet._C.FusedMoe
+    ranks: list  # the local ranks, in the order of the ops' lists
+    top_k: int
+    training: bool
+    tokens: tuple = ()  # tokens per rank of the last whole forward (training): what a backward pairs with
+
+
+_registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
 
@@ -42,7 +61,9 @@ class FusedMoE:
 
     batch_invariant=True: a token's output bits do not depend on the batch it came in (the tile shape
     is then chosen from the layer's shape alone); checking=True: synchronise after every call and raise
-    what the device reported (bad expert ids, timeouts) at once.
+    what the device reported (bad expert ids, timeouts) at once; training=True: forwards save what the
+    backward needs, so that autograd differentiates the call (see comet.ops: a backward pairs with the
+    layer's last forward).
 
     Device memory per local rank (bf16, T = max_tokens, R = max_rows, W ranks):
       gathered tokens and expert outputs 2 R H, hidden R F/tp, own partials T H, and the exported
@@ -50,6 +71,9 @@ class FusedMoE:
       R defaults to the worst case W T min(k, E/ep) + 127 E/ep (every token of every rank on this rank's
       experts); give max_rows to size it for the load you expect (a call that needs more rows is refused
       on the device and reported). ``device_bytes_per_rank`` gives the total.
+    training=True adds [R, N0_s] bf16 (layer 0's pre-activations, N0_s = 2 F/tp for swiglu, else F/tp),
+      [R, H] bf16 (the gathered output gradients) and [R, ceil(F/tp / 128)] fp32 (gate-gradient
+      partials): 2 N0_s + 2 H + 4 ceil(F/tp / 128) bytes per row of R.
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
@@ -57,7 +81,7 @@ class FusedMoE:
                  tile_n: tuple[Optional[int], Optional[int]] = (None, None),
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
-                 tune_table: str = "", use_torch_allocator: bool = True):
+                 training: bool = False, tune_table: str = "", use_torch_allocator: bool = True):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         _lib.require_cuda("comet.FusedMoE")
@@ -71,12 +95,12 @@ class FusedMoE:
             release = torch.cuda.caching_allocator_delete
         self.team = team
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
-        self.activation = activation
+        self.activation, self.training = activation, training
         self.native = _lib.C.FusedMoe(
             team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
             max_rows, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0], layer1_tile_n=tile_n[1],
             layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, batch_invariant=batch_invariant,
-            checking=checking, tune_table=tune_table,
+            checking=checking, training=training, tune_table=tune_table,
             allocate=alloc, release=release)
         # Plain attributes (not calls into the extension), so that torch.compile traces a call without a break.
         self.local_ranks = team.local_ranks
@@ -89,7 +113,7 @@ class FusedMoE:
         self.spec = LayerSpec(hidden_size, top_k, self.local_experts, self.w0_rows, self.ffn_shard, self.max_tokens,
                               len(self.local_ranks), team.device)
         self.handle = next(_handles)
-        _registry[self.handle] = (self.native, self.local_ranks)
+        _registry[self.handle] = _Registered(self.native, self.local_ranks, top_k, training)
         weakref.finalize(self, _registry.pop, self.handle, None)
 
     def last_decision(self, layer: int, rank: Optional[int] = None) -> dict:
@@ -188,6 +212,7 @@ _lib_def = torch.library.Library("comet", "DEF")
 _lib_def.define("moe_forward(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, Tensor w1, int handle) -> Tensor[]")
 _lib_def.define("moe_layer0(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, int handle) -> Tensor[]")
 _lib_def.define("moe_layer1(Tensor[] hidden, Tensor[] ids, Tensor w1, int handle) -> Tensor[]")
+_lib_def.define("moe_backward(Tensor[] dout, Tensor w0, Tensor w1, int handle) -> (Tensor[], Tensor[], Tensor, Tensor)")
 
 
 def _batch(x, ids, gates, out, hidden=None):
@@ -195,7 +220,7 @@ def _batch(x, ids, gates, out, hidden=None):
             0 if hidden is None else hidden.data_ptr())
 
 
-def _native(handle: int):
+def _native(handle: int) -> _Registered:
     try:
         return _registry[handle]
     except KeyError:
@@ -221,7 +246,8 @@ def _per_rank(w: torch.Tensor) -> list:
 
 
 def _moe_forward_cuda(x, ids, gates, w0, w1, handle):
-    native, ranks = _native(handle)
+    layer = _native(handle)
+    native, ranks = layer.native, layer.ranks
     out = [torch.empty_like(t) for t in x]
     stream = _current_stream(x[0].device)
     if len(ranks) == 1:  # the torchrun path: one call, no lists on the C++ side
@@ -229,11 +255,13 @@ def _moe_forward_cuda(x, ids, gates, w0, w1, handle):
     else:
         native.forward(list(zip(_per_rank(w0), _per_rank(w1))), [_batch(*t) for t in zip(x, ids, gates, out)],
                        stream)
+    if layer.training:  # after the call: a refused forward saved nothing
+        layer.tokens = tuple(t.shape[0] for t in x)
     return out
 
 
 def _moe_layer0_cuda(x, ids, gates, w0, handle):
-    native, _ = _native(handle)
+    native = _native(handle).native
     hidden = [torch.empty(native.max_rows, native.ffn_shard, dtype=torch.bfloat16, device=t.device) for t in x]
     # out is not written by layer 0: x stands in for it (same shape, aligned).
     native.forward([(a, 0) for a in _per_rank(w0)],
@@ -243,7 +271,7 @@ def _moe_layer0_cuda(x, ids, gates, w0, handle):
 
 
 def _moe_layer1_cuda(hidden, ids, w1, handle):
-    native, _ = _native(handle)
+    native = _native(handle).native
     out = [h.new_empty(i.shape[0], native.hidden) for h, i in zip(hidden, ids)]
     # x and gates were staged by layer 0: only the token count, ids (the final reduce) and out are read.
     native.forward([(0, a) for a in _per_rank(w1)],
@@ -252,9 +280,54 @@ def _moe_layer1_cuda(hidden, ids, w1, handle):
     return out
 
 
+def _backward_outputs(dout, w0, w1, top_k: int):
+    """Fresh (dx[], dgates[], dw0, dw1), contiguous, for the real and the fake kernel alike."""
+    dx = [d.new_empty(d.shape, dtype=torch.bfloat16) for d in dout]
+    dgates = [d.new_empty((d.shape[0], top_k), dtype=torch.float32) for d in dout]
+    return dx, dgates, w0.new_empty(w0.shape), w1.new_empty(w1.shape)
+
+
+_GRAD_TYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+def _check_backward(layer: _Registered, dout) -> None:
+    """Clear errors where the C++ layer would have no forward to differentiate, or another one."""
+    if not layer.training:
+        raise RuntimeError("comet: this MoE layer was built without training=True, so its forward saved "
+                           "nothing to differentiate; build it with training=True (comet.MoELayer's default, "
+                           "comet.FusedMoE(..., training=True))")
+    tokens = tuple(d.shape[0] for d in dout)
+    if tokens != layer.tokens:
+        raise RuntimeError(f"comet: the output gradients have {tokens} tokens per rank, the layer's last forward "
+                           f"{layer.tokens or 'none'}: a backward pairs with the layer's last forward (run each "
+                           "forward's backward before the layer's next forward)")
+
+
+def _aligned(d: torch.Tensor) -> torch.Tensor:
+    """The kernels read 16-byte aligned rows; a gradient autograd hands over may be a view that starts
+    inside another tensor's allocation."""
+    return d if d.data_ptr() % 16 == 0 else d.clone()
+
+
+def _moe_backward_cuda(dout, w0, w1, handle):
+    layer = _native(handle)
+    _check_backward(layer, dout)
+    dout = [_aligned(d) for d in dout]
+    dx, dgates, dw0, dw1 = _backward_outputs(dout, w0, w1, layer.top_k)
+    stream, grad_type = _current_stream(dout[0].device), _GRAD_TYPES[w0.dtype]
+    grads = [(d.data_ptr(), a.data_ptr(), g.data_ptr(), b0, b1)
+             for d, a, g, b0, b1 in zip(dout, dx, dgates, _per_rank(dw0), _per_rank(dw1))]
+    if len(layer.ranks) == 1:
+        layer.native.backward1(layer.ranks[0], grads[0], stream, grad_type, False)
+    else:
+        layer.native.backward(grads, stream, grad_type, False)
+    return dx, dgates, dw0, dw1
+
+
 _lib_def.impl("moe_forward", _moe_forward_cuda, "CUDA")
 _lib_def.impl("moe_layer0", _moe_layer0_cuda, "CUDA")
 _lib_def.impl("moe_layer1", _moe_layer1_cuda, "CUDA")
+_lib_def.impl("moe_backward", _moe_backward_cuda, "CUDA")
 
 
 @torch.library.register_fake("comet::moe_forward")
@@ -264,22 +337,49 @@ def _moe_forward_fake(x, ids, gates, w0, w1, handle):
 
 @torch.library.register_fake("comet::moe_layer0")
 def _moe_layer0_fake(x, ids, gates, w0, handle):
-    native, _ = _native(handle)
+    native = _native(handle).native
     return [x[0].new_empty(native.max_rows, native.ffn_shard) for _ in x]
 
 
 @torch.library.register_fake("comet::moe_layer1")
 def _moe_layer1_fake(hidden, ids, w1, handle):
-    native, _ = _native(handle)
+    native = _native(handle).native
     return [hidden[0].new_empty(i.shape[0], native.hidden) for i in ids]
 
 
-def _no_backward(ctx, *grads):
-    raise NotImplementedError("comet: the MoE layer's backward is not built yet (forward only in this version)")
+@torch.library.register_fake("comet::moe_backward")
+def _moe_backward_fake(dout, w0, w1, handle):
+    return _backward_outputs(dout, w0, w1, _native(handle).top_k)
 
 
-for _op in ("comet::moe_forward", "comet::moe_layer0", "comet::moe_layer1"):
-    torch.library.register_autograd(_op, _no_backward)
+# ---- autograd --------------------------------------------------------------------------------------------
+def _moe_forward_setup_context(ctx, inputs, output):
+    *_, w0, w1, handle = inputs
+    ctx.handle = handle
+    # The C++ backward reads the forward's weights (by the pointers the forward passed): saved, autograd
+    # keeps them alive and refuses a backward after an in-place change. x, ids and gates are the C++
+    # layer's to keep.
+    ctx.save_for_backward(w0, w1)
+
+
+def _moe_forward_backward(ctx, dout):
+    w0, w1 = ctx.saved_tensors
+    dout = [d.to(torch.bfloat16).contiguous() for d in dout]
+    dx, dgates, dw0, dw1 = torch.ops.comet.moe_backward(dout, w0, w1, ctx.handle)
+    # In the op's input order; a list input takes a list of Nones (ids are not differentiable).
+    return dx, [None] * len(dx), dgates, dw0, dw1, None
+
+
+def _split_op_backward(ctx, *grads):
+    raise NotImplementedError("comet: moe_layer0 / moe_layer1 have no backward (the split ops serve inference); "
+                              "train through the whole layer, comet::moe_forward (comet.MoELayer, or "
+                              "comet.FusedMoE(..., training=True))")
+
+
+torch.library.register_autograd("comet::moe_forward", _moe_forward_backward,
+                                setup_context=_moe_forward_setup_context)
+for _op in ("comet::moe_layer0", "comet::moe_layer1"):
+    torch.library.register_autograd(_op, _split_op_backward)
 
 
 _moe_forward = torch.ops.comet.moe_forward.default

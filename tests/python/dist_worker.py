@@ -1,5 +1,6 @@
 """One rank of a torchrun job (test_torchrun.py starts it): a comet.MoELayer on a process-group team,
-checked against the plain PyTorch MoE on this rank's tokens. Exits non-zero on a mismatch.
+checked against the plain PyTorch MoE on this rank's tokens, forward and backward. Exits non-zero on a
+mismatch.
 
     torchrun --nproc-per-node=N dist_worker.py EP TP
 """
@@ -11,7 +12,24 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(__file__))
 import comet  # noqa: E402
-from moe_problem import assert_matches, make_problem, reference_moe  # noqa: E402
+from comet import weights as W  # noqa: E402
+from moe_problem import (assert_grad_matches, assert_matches, make_problem, random_douts,  # noqa: E402
+                         reference_grads, reference_moe)
+
+
+def check_backward(layer, p, rank: int) -> None:
+    """One forward and backward; this rank's dx, dgates and weight shards against autograd through the
+    plain MoE over every rank's tokens (every process builds the same problem, so the same reference)."""
+    dout = random_douts(p, 78)
+    x, gates = p.x[rank].clone().requires_grad_(), p.gates[rank].clone().requires_grad_()
+    layer(x, p.ids[rank], gates).backward(dout[rank])
+    layer.engine.synchronize()  # what the device reported first, before the numbers
+    want, ep, tp = reference_grads(p, dout), p.ep, p.tp
+    what = f"torchrun rank {rank}"
+    assert_grad_matches(x.grad, want.dx[rank], f"{what} dx")
+    assert_grad_matches(gates.grad, want.dgates[rank], f"{what} dgates", rows=False)
+    assert_grad_matches(layer.w0.grad[0], W.shard_w0(want.gate_up, gated=True, ep=ep, tp=tp, rank=rank), f"{what} dW0")
+    assert_grad_matches(layer.w1.grad[0], W.shard_w1(want.down, ep=ep, tp=tp, rank=rank), f"{what} dW1")
 
 
 def main() -> int:
@@ -34,8 +52,10 @@ def main() -> int:
     layer.engine.synchronize()
     assert_matches(out, reference_moe(p, p.x[rank], p.ids[rank], p.gates[rank]), f"torchrun rank {rank}")
     assert torch.equal(out, again), f"rank {rank}: second call differs"
+    check_backward(layer, p, rank)  # every rank takes part, rank 1 without tokens
     dist.barrier()  # no process frees buffers a peer may still read
-    print(f"rank {rank}/{world}: ok ({out.shape[0]} tokens, {layer.engine.last_decision(0)})", flush=True)
+    print(f"rank {rank}/{world}: ok ({out.shape[0]} tokens, gradients too, {layer.engine.last_decision(0)})",
+          flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -1,5 +1,6 @@
 """A random MoE problem for the Python tests and its oracle: a plain PyTorch MoE (a loop over experts in
-fp32, written here from the layer's definition, sharing no code with comet)."""
+fp32, written here from the layer's definition, sharing no code with comet), whose gradients autograd
+gives."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,18 +84,51 @@ def activation(act: str, h: torch.Tensor, ffn: int) -> torch.Tensor:
     return F.silu(h)
 
 
-def reference_moe(p: Problem, x: torch.Tensor, ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
-    """One rank's output: y_t = sum_j gate_tj * down_e(act(gate_up_e x_t)), e = ids_tj, in fp32."""
-    x = x.float().cpu()
-    ids, gates = ids.cpu(), gates.float().cpu()
+def expert_mix(p: Problem, x, ids, gates, gate_up, down) -> torch.Tensor:
+    """y_t = sum_j gate_tj * down_e(act(gate_up_e x_t)), e = ids_tj, in x's dtype; differentiable."""
     y = torch.zeros_like(x)
     for e in range(p.experts):
         tok, slot = (ids == e).nonzero(as_tuple=True)
         if tok.numel() == 0:
             continue
-        h = activation(p.act, x[tok] @ p.gate_up[e].t(), p.ffn)
-        y.index_add_(0, tok, (h @ p.down[e].t()) * gates[tok, slot, None])
+        h = activation(p.act, x[tok] @ gate_up[e].t(), p.ffn)
+        y = y.index_add(0, tok, (h @ down[e].t()) * gates[tok, slot, None])
     return y
+
+
+def reference_moe(p: Problem, x: torch.Tensor, ids: torch.Tensor, gates: torch.Tensor) -> torch.Tensor:
+    """One rank's output in fp32."""
+    return expert_mix(p, x.float().cpu(), ids.cpu(), gates.float().cpu(), p.gate_up, p.down)
+
+
+@dataclass
+class Grads:
+    dx: list      # per rank [T_r, H]
+    dgates: list  # per rank [T_r, k]
+    gate_up: torch.Tensor  # d gate_up_proj, [E, 2F or F, H] (the full layout)
+    down: torch.Tensor     # d down_proj, [E, H, F]
+
+    def tensors(self) -> list:
+        return [*self.dx, *self.dgates, self.gate_up, self.down]
+
+
+def random_douts(p: Problem, seed: int) -> list:
+    """An output gradient per rank, [T_r, H] bf16 on the tokens' device."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(x.shape[0], p.hidden, generator=gen).to(torch.bfloat16).to(x.device) for x in p.x]
+
+
+def reference_grads(p: Problem, dout: list) -> Grads:
+    """Gradients of sum_r <dout_r, out_r> over every rank's tokens, by autograd through the plain MoE in
+    fp32 on the problem's bf16 values."""
+    gate_up, down = p.gate_up.clone().requires_grad_(), p.down.clone().requires_grad_()
+    xs = [x.float().cpu().requires_grad_() for x in p.x]
+    gates = [g.float().cpu().requires_grad_() for g in p.gates]
+    loss = sum((expert_mix(p, x, i.cpu(), g, gate_up, down) * d.float().cpu()).sum()
+               for x, i, g, d in zip(xs, p.ids, gates, dout))
+    loss.backward()
+    grad = lambda t: torch.zeros_like(t) if t.grad is None else t.grad  # noqa: E731  (a rank without tokens)
+    return Grads([grad(x) for x in xs], [grad(g) for g in gates], grad(gate_up), grad(down))
 
 
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
@@ -117,3 +151,19 @@ def assert_matches(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     err, row = relative_error(got, want), worst_row_error(got, want)
     assert err < 1.5e-2, f"{what}: relative error {err:.3e}"
     assert row < 5e-2, f"{what}: worst row error {row:.3e}"
+
+
+def assert_grad_matches(got: torch.Tensor, want: torch.Tensor, what: str, rows: bool = True) -> None:
+    """The forward's bounds widened by a third (2e-2 whole, 6.5e-2 worst row of the last dimension) for
+    the backward's longer bf16 chain: besides bf16 inputs, it reads the saved bf16 pre-activations and
+    hidden rows, rounds dPre and gate * hidden to bf16 before their GEMMs and writes every gradient in
+    bf16: about five roundings (each <= 2^-8 relative, ~2e-3 RMS, independent) against the forward's
+    three, ~5e-3 together. rows=False for the gate gradients: a row is k dot products that may cancel, so
+    only the whole tensor has a meaningful relative error."""
+    assert torch.isfinite(got.float()).all(), f"{what}: non-finite values"
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)}, expected {tuple(want.shape)}"
+    err = relative_error(got, want)
+    assert err < 2e-2, f"{what}: relative error {err:.3e}"
+    if rows:
+        row = worst_row_error(got.reshape(-1, got.shape[-1]), want.reshape(-1, want.shape[-1]))
+        assert row < 6.5e-2, f"{what}: worst row error {row:.3e}"

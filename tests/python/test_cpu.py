@@ -1,18 +1,24 @@
 """What the Python front can show without a GPU: the package imports, the ops and their fake kernels trace
-under torch.compile, the weight layouts round-trip and match the kernels' rule, routing, and the input
-checks name the bad argument."""
+under torch.compile (forward and backward), autograd's wiring of the backward, the weight layouts
+round-trip and match the kernels' rule, routing, and the input checks name the bad argument."""
+from types import SimpleNamespace
+
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import comet
+from comet import ops
 from comet import weights as W
 from comet.ops import LayerSpec, check_inputs, stacked
 
 
 def test_imports_and_registers_ops():
     assert comet.__version__
-    for op in ("moe_forward", "moe_layer0", "moe_layer1"):
+    for op in ("moe_forward", "moe_layer0", "moe_layer1", "moe_backward"):
         assert hasattr(torch.ops.comet, op)
+    schema = str(torch.ops.comet.moe_backward.default._schema)
+    assert schema.endswith("(Tensor[] dout, Tensor w0, Tensor w1, int handle) -> (Tensor[], Tensor[], Tensor, Tensor)")
     assert comet._C.shipped_tune_table().endswith(".json")
     assert issubclass(comet.InvalidArgument, ValueError)
     assert issubclass(comet.DeviceTimeout, TimeoutError)
@@ -55,6 +61,94 @@ def test_fake_kernel_traces_with_no_graph_break():
     assert len(graphs) == 1
     targets = [str(n.target) for n in graphs[0].graph.nodes if n.op == "call_function"]
     assert any("comet.moe_forward" in t for t in targets), targets
+
+
+@pytest.fixture
+def handle():
+    """A layer handle the fake kernels can read (what FusedMoE registers), with no GPU behind it: 2 local
+    ranks, H 64, k 2, F/tp 128, 256 rows. Yields a function (training, tokens) -> the handle."""
+    h = 10 ** 9  # far from the handles of real layers
+
+    def register(training=True, tokens=()):
+        shape = SimpleNamespace(max_rows=256, ffn_shard=128, hidden=64)
+        ops._registry[h] = ops._Registered(shape, [0, 1], top_k=2, training=training, tokens=tokens)
+        return h
+
+    yield register
+    ops._registry.pop(h, None)
+
+
+def _fake_layer_inputs(tokens=(5, 0)):
+    """Two ranks' inputs (rank 1 without tokens) and stacked weights, the differentiable ones requiring grad."""
+    xs = [torch.empty(t, 64, dtype=torch.bfloat16, requires_grad=True) for t in tokens]
+    ids = [torch.empty(t, 2, dtype=torch.int64) for t in tokens]
+    gates = [torch.empty(t, 2, requires_grad=True) for t in tokens]
+    w0 = torch.empty(2, 2, 256, 64, dtype=torch.bfloat16, requires_grad=True)
+    w1 = torch.empty(2, 2, 64, 128, dtype=torch.bfloat16, requires_grad=True)
+    return xs, ids, gates, w0, w1
+
+
+def test_autograd_runs_moe_backward_and_returns_each_inputs_gradient(handle):
+    h = handle()
+    with FakeTensorMode():
+        xs, ids, gates, w0, w1 = _fake_layer_inputs()
+        out = torch.ops.comet.moe_forward(xs, ids, gates, w0, w1, h)
+        sum(o.float().sum() for o in out).backward()
+        for x, g in zip(xs, gates):
+            assert x.grad.shape == x.shape and x.grad.dtype == torch.bfloat16
+            assert g.grad.shape == g.shape and g.grad.dtype == torch.float32
+        assert w0.grad.shape == w0.shape and w1.grad.shape == w1.shape and w0.grad.dtype == torch.bfloat16
+        assert all(i.grad is None for i in ids)
+        dx, dgates, dw0, dw1 = torch.ops.comet.moe_backward([torch.empty(3, 64, dtype=torch.bfloat16)], w0, w1, h)
+        assert dx[0].shape == (3, 64) and dgates[0].shape == (3, 2) and dgates[0].dtype == torch.float32
+
+
+def test_split_ops_backward_names_the_trainable_path(handle):
+    h = handle()
+    with FakeTensorMode():
+        xs, ids, gates, w0, w1 = _fake_layer_inputs()
+        hidden = torch.ops.comet.moe_layer0(xs, ids, gates, w0, h)
+        with pytest.raises(NotImplementedError, match="moe_forward"):
+            hidden[0].float().sum().backward()
+
+
+def test_compiled_training_graph_runs_moe_backward_without_recomputing_the_forward(handle):
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    h = handle()
+    graphs = []
+
+    def partition(joint, inputs, **kw):  # inductor's partitioner; the backward is compiled lazily, seen here
+        fw, bw = min_cut_rematerialization_partition(joint, inputs, **kw)
+        graphs.extend((fw, bw))
+        return fw, bw
+
+    def block(x, ids, gates, w0, w1):
+        return torch.ops.comet.moe_forward([x * 2], [ids], [gates], w0, w1, h)[0] + x
+
+    fn = torch.compile(block, backend=aot_autograd(fw_compiler=lambda gm, _: gm.forward, partition_fn=partition),
+                       fullgraph=True)
+    x = torch.zeros(5, 64, dtype=torch.bfloat16, requires_grad=True)
+    ids, gates = torch.zeros(5, 2, dtype=torch.int64), torch.zeros(5, 2, requires_grad=True)
+    w0 = torch.zeros(1, 2, 256, 64, dtype=torch.bfloat16, requires_grad=True)
+    w1 = torch.zeros(1, 2, 64, 128, dtype=torch.bfloat16, requires_grad=True)
+    with pytest.raises(NotImplementedError):  # the forward graph then runs on CPU tensors: no CPU kernel
+        fn(x, ids, gates, w0, w1)
+    fw, bw = ([str(n.target) for n in g.graph.nodes if n.op == "call_function"] for g in graphs)
+    assert "comet.moe_forward.default" in fw and "comet.moe_backward.default" in bw, (fw, bw)
+    assert "comet.moe_forward.default" not in bw  # the activations are the C++ layer's, never recomputed
+
+
+def test_backward_refuses_a_layer_without_training_or_another_forward(handle):
+    xs, _, _, w0, w1 = _fake_layer_inputs((5, 3))
+    dout = [x.detach() for x in xs]
+    with pytest.raises(RuntimeError, match="build it with training=True"):
+        ops._moe_backward_cuda(dout, w0, w1, handle(training=False))
+    with pytest.raises(RuntimeError, match="last forward none"):
+        ops._moe_backward_cuda(dout, w0, w1, handle(tokens=()))
+    with pytest.raises(RuntimeError, match=r"\(5, 3\) tokens per rank, the layer's last forward \(5, 4\)"):
+        ops._moe_backward_cuda(dout, w0, w1, handle(tokens=(5, 4)))
 
 
 def _interleave_rule(gate_up, rank, ep, tp):

@@ -1,5 +1,7 @@
 """comet.MoELayer and the ops on the GPU, with W virtual ranks (Team.local), against a plain PyTorch MoE:
-EP, TP and EP x TP, both links, the ugly routings, torch.compile, CUDA graphs, bad inputs."""
+EP, TP and EP x TP, both links, the ugly routings, torch.compile, CUDA graphs, bad inputs; the gradients
+against autograd through the plain MoE."""
+import dataclasses
 import zlib
 
 import pytest
@@ -7,7 +9,8 @@ import torch
 
 import comet
 from comet import weights as W
-from moe_problem import assert_matches, make_problem, reference_moe
+from moe_problem import (Grads, assert_grad_matches, assert_matches, make_problem, random_douts, reference_grads,
+                         reference_moe, relative_error)
 
 pytestmark = pytest.mark.skipif(not comet.cuda_ready(), reason="no CUDA GPU (sm_90a)")
 
@@ -82,6 +85,8 @@ def test_split_layer_ops_equal_the_fused_op():
     split = comet.ops.moe_layer1(layer.engine, hidden, p.ids, list(layer.w1))  # a list is stacked
     for r in range(p.world):
         assert torch.equal(fused[r], split[r])
+    with pytest.raises(NotImplementedError, match="moe_forward"):  # the split ops serve inference
+        sum(o.float().sum() for o in split).backward()
 
 
 def test_loaders_agree_and_round_trip():
@@ -136,18 +141,119 @@ def test_torch_compile_fullgraph_matches_eager():
     p = make_problem(ep=1, tokens=(100,), seed=8)
     layer = layer_for(p)
     block = Block(layer)
-    with torch.no_grad():  # inference: a training graph needs the backward (below)
+    with torch.no_grad():  # inference; training below
         eager = block(p.x[0], p.ids[0], p.gates[0])
         compiled = torch.compile(block, fullgraph=True)
         got = compiled(p.x[0], p.ids[0], p.gates[0])
     assert torch.equal(got, eager)
 
 
-def test_training_says_the_backward_is_missing():
-    p = make_problem(ep=2, tokens=(20, 30), seed=13)
+def test_torch_compile_fullgraph_trains_like_eager():
+    p = make_problem(ep=1, tokens=(100,), seed=16)
     layer = layer_for(p)
+    block = Block(layer)
+    dout = random_douts(p, 16)[0]
+
+    def grads(fn):
+        x, gates = p.x[0].clone().requires_grad_(), p.gates[0].clone().requires_grad_()
+        layer.zero_grad(set_to_none=True)
+        fn(x, p.ids[0], gates).backward(dout)
+        return [x.grad, gates.grad, layer.w0.grad, layer.w1.grad]
+
+    eager = grads(block)
+    compiled = grads(torch.compile(block, fullgraph=True))  # its backward graph traced by moe_backward's fake
+    for name, a, b in zip(("x", "gates", "w0", "w1"), eager, compiled):
+        assert torch.equal(a, b), name  # around the layer only x * 2 and x + y: exact in bf16
+
+
+# ---- backward ----------------------------------------------------------------------------------------------
+def comet_grads(p, layer, dout) -> Grads:
+    """comet's gradients of sum_r <dout_r, out_r> by autograd, the weights' in the full layout."""
+    xs = [x.clone().requires_grad_() for x in p.x]
+    gates = [g.clone().requires_grad_() for g in p.gates]
+    layer.zero_grad(set_to_none=True)
+    torch.autograd.backward(layer(xs, p.ids, gates), dout)
+    t = layer.team
+    return Grads([x.grad for x in xs], [g.grad for g in gates],
+                 W.unshard_w0(list(layer.w0.grad), gated=layer.gated, ep=t.ep, tp=t.tp),
+                 W.unshard_w1(list(layer.w1.grad), ep=t.ep, tp=t.tp))
+
+
+GRAD_CASES = [
+    # name, problem kwargs, link: W = 1, 2, 4 as EP, TP and EP x TP; no token count a multiple of 128
+    ("W1_top8_all_experts", dict(ep=1, topk=8, tokens=(200,)), "device"),
+    ("EP2_device", dict(ep=2, tokens=(37, 200)), "device"),
+    ("TP2_gelu", dict(hidden=384, ffn=384, act="gelu", ep=1, tp=2, tokens=(50, 129)), "device"),
+    # top-1, every token on expert 0: three experts without tokens; rank 2 has no tokens
+    ("EP4_one_hot_expert_top1_silu", dict(act="silu", ffn=640, experts=4, topk=1, ep=4, tokens=(90, 200, 0, 129),
+                                         routing="one_hot"), "device"),
+    # experts 4-7 get no tokens: ranks 2 and 3 have no rows at all
+    ("EP4_empty_experts_host", dict(ep=4, tokens=(64, 65, 66, 67), routing="half"), "host"),
+    ("TP4_zipf", dict(ep=1, tp=4, tokens=(33, 0, 70, 1), routing="zipf"), "device"),
+    ("EP2xTP2_top8", dict(hidden=512, ffn=256, experts=16, topk=8, ep=2, tp=2, tokens=(80, 0, 150, 41)), "device"),
+]
+
+
+@pytest.mark.parametrize("name,kw,link", GRAD_CASES, ids=[c[0] for c in GRAD_CASES])
+def test_gradients_match_plain_pytorch_autograd(name, kw, link):
+    seed = zlib.crc32(name.encode()) % 1000
+    p = make_problem(seed=seed, **kw)
+    layer = layer_for(p, link)
+    dout = random_douts(p, seed + 1)
+    got, want = comet_grads(p, layer, dout), reference_grads(p, dout)
+    layer.engine.synchronize()
+    for r in range(p.world):
+        assert_grad_matches(got.dx[r], want.dx[r], f"{name} dx rank {r}")
+        assert_grad_matches(got.dgates[r], want.dgates[r], f"{name} dgates rank {r}", rows=False)
+    assert_grad_matches(got.gate_up, want.gate_up, f"{name} dW0")
+    assert_grad_matches(got.down, want.down, f"{name} dW1")
+
+
+def test_gradients_are_bitwise_identical_across_repeats():
+    p = make_problem(hidden=512, ffn=256, experts=16, topk=8, ep=4, tokens=(200, 150, 0, 99), routing="zipf",
+                     seed=17)
+    layer = layer_for(p, "host")
+    dout = random_douts(p, 17)
+    first, again = comet_grads(p, layer, dout), comet_grads(p, layer, dout)
+    for i, (a, b) in enumerate(zip(first.tensors(), again.tensors())):
+        assert torch.equal(a, b), i
+
+
+def test_router_trains_through_the_gates():
+    torch.manual_seed(18)
+    p = make_problem(ep=2, tokens=(33, 64), seed=18)
+    layer = layer_for(p, router=True)
+    dout = random_douts(p, 18)
+    torch.autograd.backward(layer(p.x), dout)
+    # The reference: the same routing (the router's GEMM on the same GPU gives the same ids), the plain
+    # MoE's gate gradients, back through comet.route to the router's weight.
+    routed = [comet.route(layer.router(x), p.topk) for x in p.x]
+    q = dataclasses.replace(p, ids=[r[0] for r in routed], gates=[r[1].detach() for r in routed])
+    dgates = [g.cuda() for g in reference_grads(q, dout).dgates]
+    (want,) = torch.autograd.grad([r[1] for r in routed], [layer.router.weight], dgates)
+    # 3e-2: the renormalisation's backward takes differences of a token's gate gradients, which can
+    # double their relative error.
+    assert relative_error(layer.router.weight.grad, want) < 3e-2
+
+
+def test_a_backward_pairs_with_one_forward():
+    p = make_problem(ep=2, tokens=(20, 30), seed=19)
+    layer = layer_for(p)
+    loss = sum(o.float().sum() for o in layer(p.x, p.ids, p.gates))
+    loss.backward(retain_graph=True)
+    with pytest.raises(comet.InvalidArgument):  # its saved activations are spent
+        loss.backward()
+    stale = layer(p.x, p.ids, p.gates)
+    layer([x[:5] for x in p.x], [i[:5] for i in p.ids], [g[:5] for g in p.gates])
+    with pytest.raises(RuntimeError, match="pairs with the layer's last forward"):
+        sum(o.float().sum() for o in stale).backward()
+
+
+def test_backward_without_training_says_how_to_build_the_layer():
+    p = make_problem(ep=2, tokens=(20, 30), seed=13)
+    layer = layer_for(p, training=False)
     out = layer(p.x, p.ids, p.gates)
-    with pytest.raises(NotImplementedError, match="backward is not built yet"):
+    with pytest.raises(RuntimeError, match="build it with training=True"):
         sum(o.float().sum() for o in out).backward()
 
 

@@ -1,5 +1,6 @@
-"""comet.MoELayer under torchrun: 2 and 4 processes sharing the one GPU through CUDA IPC (their kernels
-run concurrently under the MPS daemon, which scripts/gpu-test starts; without it they time-slice)."""
+"""comet.MoELayer under torchrun, forward and backward: 2 and 4 processes sharing the one GPU through CUDA
+IPC (their kernels run concurrently under the MPS daemon, which scripts/gpu-test starts; without it they
+time-slice)."""
 import os
 import subprocess
 import sys

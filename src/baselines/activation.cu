@@ -4,16 +4,12 @@
 
 #include <cuda_bf16.h>
 
+#include "baselines/activation_math.cuh"
 #include "comet/cuda_check.hpp"
 #include "kernels/bf16x8.cuh"
 
 namespace comet::baselines {
 namespace {
-
-__device__ __forceinline__ float silu(float z) { return z / (1.0f + expf(-z)); }
-__device__ __forceinline__ float gelu_tanh(float z) {
-  return 0.5f * z * (1.0f + tanhf(0.7978845608028654f * (z + 0.044715f * z * z * z)));
-}
 
 __global__ void activation_kernel(ActivationArgs a) {
   const int e = blockIdx.y;

@@ -7,6 +7,9 @@
 //   SequentialMoe  (Megatron-style)  dispatch on the whole GPU, then GEMM0 + activation + GEMM1 through
 //                  cuBLAS over the local experts, then combine on the whole GPU. The host reads the
 //                  per-expert row counts first (a synchronisation, as Megatron's tokens_per_expert.cpu()).
+//                  Its backward runs the same way: the pull of the output-gradient rows, cuBLAS D = G W1_e,
+//                  the activation backward (with the gate gradients), cuBLAS dW1, dA = dPre W0_e and dW0,
+//                  the combine of the input-gradient rows; the engine's own steps stage and finish it.
 //   ChunkedMoe     (Tutel / FasterMoE-style coarse overlap)  a rank's remote source ranks are split into
 //                  C chunks of consecutive source positions; on two streams, chunk i's GEMMs overlap
 //                  chunk i+1's pull and chunk i-1's ship. The local rows (position 0) form a first stage
@@ -17,6 +20,7 @@
 //   SequentialMoe seq(moe);
 //   seq.set_weights(r, w0, w1);   // also gives them to moe
 //   seq.forward(batches);
+//   seq.backward(grads);          // after a forward of a FusedMoe built with MoeOptions::training
 #pragma once
 
 #include <cuda_runtime.h>
@@ -39,6 +43,8 @@ GemmPath parse_gemm_path(const std::string& s);  // "grouped" | "loop"; throws I
 struct SequentialOptions {
   GemmPath gemm0 = GemmPath::grouped;
   GemmPath gemm1 = GemmPath::grouped;
+  GemmPath grad1 = GemmPath::grouped;  // backward D = G W1_e (the weight gradients always loop)
+  GemmPath grad0 = GemmPath::grouped;  // backward dA = dPre W0_e
   int tile_n = 256;  // compiled variant of FusedMoe's kernels used for dispatch / combine (their grid size)
 };
 
@@ -68,7 +74,30 @@ class SequentialMoe {
   void gemm1(int rank);
   void combine(int rank);
 
-  // Rows of each local expert as the last prepare() read them.
+  // Gradients of the last forward() for every local rank (the FusedMoe must be built with
+  // MoeOptions::training): moe.stage_grad, team barrier, per rank prepare_grad + grad_layer1 +
+  // grad_layer0, team barrier, moe.finish_grad. The same gradients as FusedMoe::backward up to bf16
+  // rounding; like it, this consumes the forward's saved activations (pre-activations and hidden rows
+  // are overwritten by their gradients).
+  void backward(const std::vector<RankGrad>& grads, const BackwardOptions& options = {});
+
+  // ---- the steps of backward(), per local rank (after moe.stage_grad of every rank and a team barrier) -
+  // moe.prepare_grad, then the per-expert row counts to the host again (synchronises the rank's stream):
+  // the backward keeps nothing of this object's forward, so it also follows FusedMoe's own forward.
+  void prepare_grad(int rank);
+  void grad_layer1(int rank, const RankGrad& grad, const BackwardOptions& options);  // dispatch .. wgrad1
+  void grad_layer0(int rank, const RankGrad& grad, const BackwardOptions& options);  // gemm0 .. wgrad0
+  // The pieces of the backward layers, in their order (benchmarks time cuBLAS alone).
+  void grad_dispatch(int rank);    // pull the output-gradient rows of remote tokens into G
+  void grad_gemm1(int rank);       // D = G W1_e (into the baseline's scratch)
+  void grad_activation(int rank);  // dPre over the pre-activations, gate . hidden, the gate partials
+  void grad_gates(int rank);       // the gate partials to the tokens' owners
+  void grad_wgrad1(int rank, const RankGrad& grad, const BackwardOptions& options);  // dW1 into grad.dw1
+  void grad_gemm0(int rank);       // dA = dPre W0_e into the expert-output rows Y
+  void grad_combine(int rank);     // Y's rows to the tokens' owners with unit weights
+  void grad_wgrad0(int rank, const RankGrad& grad, const BackwardOptions& options);  // dW0 into grad.dw0
+
+  // Rows of each local expert as the last prepare() or prepare_grad() read them.
   const std::vector<int>& expert_rows(int rank) const;
   SequentialOptions& options() { return options_; }
   const SequentialOptions& options() const { return options_; }

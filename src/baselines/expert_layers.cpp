@@ -26,8 +26,12 @@ void ExpertLayers::ensure_scratch(const MoeEngine& moe) {
   COMET_CUDA_CHECK(cudaMalloc(&scratch_, std::max<size_t>(bytes, 16)));
 }
 
+void* ExpertLayers::pre_activation(const MoeEngine& moe, int rank) const {
+  return moe.options().training ? moe.pre_activation(rank) : scratch_;
+}
+
 GemmOperands ExpertLayers::gemm0(const MoeEngine& moe, int rank) const {
-  return GemmOperands{moe.gathered(rank), w0_, scratch_, w0_shard_rows(moe), moe.shape().hidden};
+  return GemmOperands{moe.gathered(rank), w0_, pre_activation(moe, rank), w0_shard_rows(moe), moe.shape().hidden};
 }
 
 GemmOperands ExpertLayers::gemm1(const MoeEngine& moe, int rank) const {
@@ -38,7 +42,7 @@ GemmOperands ExpertLayers::gemm1(const MoeEngine& moe, int rank) const {
 ActivationArgs ExpertLayers::activation(const MoeEngine& moe, int rank, int pos_begin, int pos_end) const {
   const PlanView& plan = moe.plan(rank).view();
   ActivationArgs a;
-  a.c = scratch_;
+  a.c = pre_activation(moe, rank);
   a.ldc = w0_shard_rows(moe);
   a.hidden = moe.hidden(rank);
   a.ffn_shard = moe.parallel().ffn_shard(moe.shape());
@@ -50,6 +54,47 @@ ActivationArgs ExpertLayers::activation(const MoeEngine& moe, int rank, int pos_
   a.pos_begin = pos_begin;
   a.pos_end = pos_end;
   return a;
+}
+
+GemmOperands ExpertLayers::grad_gemm1(const MoeEngine& moe, int rank) const {
+  return GemmOperands{moe.grad_gathered(rank), w1_, scratch_, moe.parallel().ffn_shard(moe.shape()),
+                      moe.shape().hidden, WeightLayout::k_by_n};
+}
+
+GradActivationArgs ExpertLayers::grad_activation(const MoeEngine& moe, int rank) const {
+  const PlanView& plan = moe.plan(rank).view();
+  GradActivationArgs a;
+  a.d = scratch_;
+  a.pre = moe.pre_activation(rank);
+  a.ld_pre = w0_shard_rows(moe);
+  a.hidden = moe.hidden(rank);
+  a.ffn_shard = moe.parallel().ffn_shard(moe.shape());
+  a.gate_partials = moe.gate_partials(rank);
+  a.gate_ld = moe.gate_blocks();
+  a.act = moe.shape().act;
+  a.topk = moe.shape().topk;
+  a.local_experts = moe.parallel().local_experts(moe.shape());
+  a.expert_offset = plan.expert_offset;
+  a.expert_rows = plan.expert_rows;
+  a.row_unit = plan.row_unit;
+  a.row_slot = plan.row_slot;
+  a.unit_gates = plan.unit_gates;
+  return a;
+}
+
+GemmOperands ExpertLayers::grad_gemm0(const MoeEngine& moe, int rank) const {
+  return GemmOperands{moe.pre_activation(rank), w0_, moe.expert_out(rank), moe.shape().hidden, w0_shard_rows(moe),
+                      WeightLayout::k_by_n};
+}
+
+WeightGradOperands ExpertLayers::wgrad1(const MoeEngine& moe, int rank, void* dw1, GradType type) const {
+  return WeightGradOperands{moe.grad_gathered(rank), moe.hidden(rank), dw1, moe.shape().hidden,
+                            moe.parallel().ffn_shard(moe.shape()), type};
+}
+
+WeightGradOperands ExpertLayers::wgrad0(const MoeEngine& moe, int rank, void* dw0, GradType type) const {
+  return WeightGradOperands{moe.pre_activation(rank), moe.gathered(rank), dw0, w0_shard_rows(moe),
+                            moe.shape().hidden, type};
 }
 
 LayerRequest comm_variant(int tile_n, int blocks) {

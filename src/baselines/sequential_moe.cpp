@@ -1,36 +1,10 @@
 // SequentialMoe: dispatch, expert GEMMs, combine, one after the other on the rank's stream, each step
-// with the whole GPU (Megatron's all-to-all + grouped GEMM + all-to-all). See baselines.hpp.
-#include <algorithm>
-
-#include "baselines/expert_layers.hpp"
-#include "baselines/plan_readback.hpp"
-#include "baselines/baselines.hpp"
+// with the whole GPU (Megatron's all-to-all + grouped GEMM + all-to-all). See baselines.hpp; the
+// backward is in sequential_backward.cpp.
+#include "baselines/sequential_state.hpp"
 #include "comet/cuda_check.hpp"
 
 namespace comet {
-
-using baselines::ExpertCounts;
-using baselines::RowBlock;
-
-struct SequentialMoe::RankState {
-  int rank;
-  cudaStream_t stream;
-  baselines::ExpertLayers layers;
-  baselines::CublasHandle handle;
-  baselines::PlanReader reader;
-  baselines::GemmProblems problems0, problems1;
-  ExpertCounts counts;
-  int max_rows = 0;
-  bool prepared = false;
-
-  RankState(const MoeEngine& moe, int r)
-      : rank(r),
-        stream(moe.team().stream(r)),
-        handle(stream),
-        reader(moe.parallel().local_experts(moe.shape())),
-        problems0(moe.parallel().local_experts(moe.shape())),
-        problems1(moe.parallel().local_experts(moe.shape())) {}
-};
 
 SequentialMoe::SequentialMoe(FusedMoe& moe_public, const SequentialOptions& options) : moe_(moe_public.engine()), options_(options) {
   COMET_REQUIRE(options_.tile_n == 128 || options_.tile_n == 256, "SequentialMoe: tile_n must be 128 or 256, got ",
@@ -58,15 +32,12 @@ void SequentialMoe::prepare(int rank) {
   RankState& s = state(rank);
   COMET_REQUIRE(s.layers.has_weights(), "SequentialMoe: no weights set for rank ", rank,
                 " (set them through the baseline)");
-  s.prepared = false;
+  s.prepared = s.grad_prepared = false;  // a new routing: every GEMM problem is stale
   moe_.prepare(rank);
-  s.counts = s.reader.read_counts(moe_.plan(rank).view(), moe_.shape().num_experts, s.stream);
+  s.read_counts(moe_);
   s.layers.ensure_scratch(moe_);
-  std::vector<RowBlock> blocks;
-  for (size_t e = 0; e < s.counts.rows.size(); ++e) blocks.push_back(RowBlock{int(e), s.counts.offset[e], s.counts.rows[e]});
-  s.problems0.assign(s.layers.gemm0(moe_, rank), blocks, s.stream);
-  s.problems1.assign(s.layers.gemm1(moe_, rank), blocks, s.stream);
-  s.max_rows = s.counts.rows.empty() ? 0 : *std::max_element(s.counts.rows.begin(), s.counts.rows.end());
+  s.problems0.assign(s.layers.gemm0(moe_, rank), s.blocks, s.stream);
+  s.problems1.assign(s.layers.gemm1(moe_, rank), s.blocks, s.stream);
   s.prepared = true;
 }
 

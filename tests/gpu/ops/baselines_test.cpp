@@ -3,6 +3,8 @@
 // EP, TP and EP x TP, link=device and link=host, the ugly routings, both cuBLAS paths and C in {2,4,8}.
 // Each system runs on a fresh team and FusedMoe, so a partial row one system forgot to ship cannot be
 // covered by the one an earlier system wrote.
+// SequentialMoe's backward against the CPU reference backward (dx, the gate gradients, dW0, dW1), for
+// EP, TP and EP x TP, both cuBLAS paths, every activation, bf16 weight gradients and accumulation.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -12,6 +14,7 @@
 #include "comet/bf16.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
+#include "comet/weight_layout.hpp"
 #include "support/layer_checks.hpp"
 #include "harness/moe_problem.hpp"
 
@@ -263,6 +266,167 @@ TEST(Baselines, ReportBadRouting) {
     }
     l.team.synchronize();
   }
+}
+
+// ---- backward ------------------------------------------------------------------------------------------
+
+// One rank's gradient buffers; the outputs start as NaN (0xFF bytes) so that every element must be written.
+struct GradBuffers {
+  DeviceBuffer dout, dx, dgates, dw0, dw1;
+  RankGrad grad() const { return RankGrad{dout.get(), dx.get(), dgates.as<float>(), dw0.get(), dw1.get()}; }
+};
+
+// SequentialMoe's forward and backward on a fresh layer built for training, with random output gradients.
+struct BackwardRun {
+  Problem& p;
+  GradType type;
+  LocalTeam team;
+  FusedMoe moe;
+  SequentialMoe seq;
+  std::vector<std::vector<float>> dout;  // per rank [T][H]
+  std::vector<GradBuffers> grads;
+
+  static MoeOptions training() {
+    MoeOptions o;
+    o.training = true;
+    return o;
+  }
+  static SequentialOptions paths(GemmPath path) {
+    SequentialOptions o;
+    o.gemm0 = o.gemm1 = o.grad1 = o.grad0 = path;
+    return o;
+  }
+
+  BackwardRun(Problem& problem, Link link, GemmPath path, GradType grad_type)
+      : p(problem),
+        type(grad_type),
+        team(problem.problem.par.world(), link),
+        moe(team, problem.problem.shape, problem.problem.par, MoeCapacity{problem.problem.max_tokens(), 0}, training()),
+        seq(moe, paths(path)) {
+    team.set_timeout(3.0);  // a stalled flag fails the test in seconds, not minutes
+    const MoeShape& s = p.problem.shape;
+    const Parallel& par = p.problem.par;
+    const int H = s.hidden, k = s.topk, El = par.local_experts(s), Fs = par.ffn_shard(s);
+    const size_t wbytes = type == GradType::f32 ? 4 : 2;
+    for (int r = 0; r < par.world(); ++r) {
+      seq.set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
+      const int T = p.problem.inputs[r].tokens;
+      dout.push_back(random_bf16_values(size_t(T) * H, 1.0f, 1000 + r));
+      GradBuffers g;
+      g.dout = DeviceBuffer(to_bf16(dout[r]));
+      g.dx = DeviceBuffer(size_t(T) * H * 2);
+      g.dgates = DeviceBuffer(size_t(T) * k * 4);
+      g.dw0 = DeviceBuffer(size_t(El) * (s.w0_rows() / par.tp) * H * wbytes);
+      g.dw1 = DeviceBuffer(size_t(El) * H * Fs * wbytes);
+      for (DeviceBuffer* b : {&g.dx, &g.dgates, &g.dw0, &g.dw1}) b->fill_bytes(0xFF);
+      grads.push_back(std::move(g));
+    }
+  }
+
+  // One training forward and its backward.
+  void step(bool accumulate) {
+    seq.forward(p.batches());
+    std::vector<RankGrad> list;
+    for (const GradBuffers& g : grads) list.push_back(g.grad());
+    seq.backward(list, BackwardOptions{type, accumulate});
+    moe.sync_and_check();
+  }
+
+  std::vector<float> as_float(const DeviceBuffer& b, size_t n, GradType t) const {
+    return t == GradType::f32 ? b.download<float>(n) : from_bf16(b.download<bf16_bits>(n));
+  }
+  // What the backward wrote, laid out as reference::backward gives it.
+  reference::Gradients<float> gradients() const {
+    const MoeShape& s = p.problem.shape;
+    const Parallel& par = p.problem.par;
+    const int H = s.hidden, k = s.topk, El = par.local_experts(s), Fs = par.ffn_shard(s);
+    reference::Gradients<float> g;
+    g.dw0.assign(p.problem.weights.w0.size(), 0.f);
+    g.dw1.assign(p.problem.weights.w1.size(), 0.f);
+    for (int r = 0; r < par.world(); ++r) {
+      const size_t T = size_t(p.problem.inputs[r].tokens);
+      g.dx.push_back(as_float(grads[r].dx, T * H, GradType::bf16));
+      g.dgates.push_back(grads[r].dgates.download<float>(T * k));
+      unshard_add_w0(s, par, r, as_float(grads[r].dw0, size_t(El) * (s.w0_rows() / par.tp) * H, type), g.dw0);
+      unshard_add_w1(s, par, r, as_float(grads[r].dw1, size_t(El) * H * Fs, type), g.dw1);
+    }
+    return g;
+  }
+  reference::Gradients<float> reference() const {
+    return reference::backward(p.problem.shape, p.problem.par, p.problem.weights, p.problem.inputs, dout);
+  }
+};
+
+class SequentialBackwardCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(SequentialBackwardCase, MatchesReference) {
+  const Case& c = GetParam();
+  Problem p(c);
+  std::unique_ptr<reference::Gradients<float>> ref;
+  for (GemmPath path : {GemmPath::grouped, GemmPath::loop}) {
+    SCOPED_TRACE(to_string(path));
+    BackwardRun run(p, c.link, path, GradType::f32);
+    if (!ref) ref = std::make_unique<reference::Gradients<float>>(run.reference());
+    run.step(false);
+    expect_gradients_match(p.problem, *ref, run.gradients(), std::string("sequential backward, ") + to_string(path));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, SequentialBackwardCase,
+    ::testing::Values(
+        Case{"W1_single_rank", kSmallSwiglu, {1, 1}, {300}},
+        Case{"EP2_device", kSmallSwiglu, {2, 1}, {37, 200}},
+        Case{"EP2_host", kSmallSwiglu, {2, 1}, {130, 64}, RoutingKind::uniform, Link::host},
+        Case{"EP4_zero_token_rank", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
+        Case{"EP4_all_to_one_expert_top1_silu", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+        Case{"EP4_zipf_host", kSmallSwiglu, {4, 1}, {300, 250, 20, 77}, RoutingKind::zipf, Link::host},
+        Case{"TP2_host", kSmallSwiglu, {1, 2}, {160, 31}, RoutingKind::uniform, Link::host},
+        Case{"TP4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}},
+        Case{"EP2xTP2_top8", kTop8, {2, 2}, {80, 0, 150, 41}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// bf16 weight gradients, overwritten and then accumulated: the second backward of an identical forward
+// doubles them (up to the rounding of the bf16 sum); dx and the gate gradients are not accumulated.
+TEST(SequentialBackward, Bf16GradientsAccumulate) {
+  const Case c{"accumulate", kTop8, {4, 1}, {120, 0, 77, 200}, RoutingKind::uniform, Link::host};
+  Problem p(c);
+  BackwardRun run(p, c.link, GemmPath::grouped, GradType::bf16);
+  const auto ref = run.reference();
+  run.step(false);
+  const auto once = run.gradients();
+  expect_gradients_match(p.problem, ref, once, "bf16 gradients");
+  run.step(true);
+  const auto twice = run.gradients();
+  std::vector<float> dw0 = once.dw0, dw1 = once.dw1;
+  for (float& v : dw0) v *= 2;
+  for (float& v : dw1) v *= 2;
+  EXPECT_LT(relative_error(twice.dw0, dw0), 1e-2) << "dW0 accumulated";
+  EXPECT_LT(relative_error(twice.dw1, dw1), 1e-2) << "dW1 accumulated";
+  for (size_t r = 0; r < once.dx.size(); ++r) {
+    EXPECT_LT(relative_error(twice.dx[r], once.dx[r]), 1e-6) << "dx, rank " << r;
+    EXPECT_LT(relative_error(twice.dgates[r], once.dgates[r]), 1e-6) << "dgates, rank " << r;
+  }
+}
+
+// The backward needs a layer built for training, and its steps need prepare_grad.
+TEST(SequentialBackward, Refusals) {
+  const Case c{"refuse", kSmallSwiglu, {2, 1}, {10, 10}};
+  Problem p(c);
+  {
+    Layer l(p, c.link);  // built for inference
+    SequentialMoe seq(l.moe);
+    for (int r = 0; r < 2; ++r) seq.set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
+    seq.forward(p.batches());
+    EXPECT_THROW(seq.prepare_grad(0), InvalidArgument);
+    l.team.synchronize();
+  }
+  BackwardRun run(p, c.link, GemmPath::grouped, GradType::f32);
+  EXPECT_THROW(run.seq.grad_gemm1(0), InvalidArgument);  // not prepared for the backward
+  run.step(false);
+  run.seq.forward(p.batches());  // a new routing: the backward's GEMM problems are stale again
+  EXPECT_THROW(run.seq.grad_gemm0(0), InvalidArgument);
+  run.team.synchronize();
 }
 
 }  // namespace

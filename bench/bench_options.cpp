@@ -11,8 +11,8 @@
 namespace comet::bench {
 namespace {
 
-const char* kUsage = R"(comet-bench: per-layer and forward latency of comet's fused MoE layer against cuBLAS and the
-sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (LocalTeam).
+const char* kUsage = R"(comet-bench: per-layer, forward and backward latency of comet's fused MoE layer against cuBLAS
+and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (LocalTeam).
 
   --quick                  mixtral + qwen2, ep8, host link, uniform, tokens 1024,4096, n_comm 1,2,4,
                            chunks 2,4 (well under 2 minutes on an H200); later flags still apply
@@ -22,7 +22,9 @@ sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (LocalTeam)
   --routings LIST          uniform,zipf1.2,one_expert                     (default: uniform,zipf1.2)
   --tokens LIST            tokens per rank                                (default: 1024,2048,4096,8192,16384)
   --n-comm LIST            comm blocks of comet's fused sweep (0: sequential mode) (default: 1,2,4,8,16,24,32)
-  --layers LIST            l0,l1,fwd                                      (default: all)
+  --layers LIST            l0,l1,fwd,bwd,fwd+bwd (bwd: the backward after a training forward;
+                           fwd+bwd: both; either builds the layer for training and adds the
+                           weight-gradient GEMMs alone, layer wgrad)     (default: l0,l1,fwd)
   --systems LIST           cublas,comet,sequential,chunked                (default: all)
   --chunks LIST            chunked baseline's C values                    (default: 2,4,8)
   --chunk-comm-blocks N    blocks of each chunked pull / ship             (default: 16)
@@ -132,7 +134,7 @@ BenchOptions parse_options(int argc, char** argv) {
       o.n_comm = split_ints(value(), a);
     } else if (a == "--layers") {
       o.layers = split(value());
-      require_subset(o.layers, {"l0", "l1", "fwd"}, "--layers");
+      require_subset(o.layers, {"l0", "l1", "fwd", "bwd", "fwd+bwd"}, "--layers");
     } else if (a == "--systems") {
       o.systems = split(value());
       require_subset(o.systems, {"cublas", "comet", "sequential", "chunked"}, "--systems");

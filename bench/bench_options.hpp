@@ -32,6 +32,7 @@ struct BenchOptions {
 
   bool has_layer(const std::string& l) const;
   bool has_system(const std::string& s) const;
+  bool has_backward() const { return has_layer("bwd") || has_layer("fwd+bwd"); }  // the layer is built for training
 };
 
 // Parses argv; prints usage and exits on --help; throws InvalidArgument on bad flags.

@@ -82,7 +82,7 @@ PlannedGroup plan_group(const BenchOptions& o, const Model& m, const Layout& l, 
   std::vector<bool> take(all.size(), false);
   for (size_t i : order) {
     const int t = std::max(g.max_tokens, all[i].tokens), r = std::max(g.max_rows, all[i].stats.max_padded_rows);
-    const MemoryNeed need = memory_need(m.shape, l.par, link, t, r);
+    const MemoryNeed need = memory_need(m.shape, l.par, link, t, r, o.has_backward());
     if (need.device_bytes > device_limit || need.host_pinned_bytes > host_limit) {
       std::fprintf(stderr, "skip %s %s %s %s T=%d: needs %.1f GiB device / %.1f GiB pinned host (limits %.1f / %.1f)\n",
                    m.name.c_str(), l.name.c_str(), to_string(link), all[i].routing.c_str(), all[i].tokens,

@@ -46,6 +46,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   mo.layer0 = variant(o_.tile_n, 2);
   mo.layer1 = variant(tile_other, 4);
   mo.adaptive_split = o_.adaptive;
+  mo.training = o_.has_backward();  // the forwards keep their pre-activations (every forward record then pays it)
   moe_ = std::make_unique<FusedMoe>(*team_, s, p, MoeCapacity{max_tokens, max_rows}, mo);
   // Rank 0's weights only, shared by every rank: only rank 0 computes, the others stage their tokens.
   w0_ = testing::DeviceBuffer(size_t(el) * n0 * H * 2);
@@ -60,6 +61,14 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
     rank.gates = testing::DeviceBuffer(size_t(max_tokens) * k * 4);
     rank.out = testing::DeviceBuffer(size_t(max_tokens) * H * 2);
     ranks_.push_back(std::move(rank));
+  }
+  if (mo.training) {
+    grads_.dout = testing::DeviceBuffer(size_t(max_tokens) * H * 2);
+    grads_.dx = testing::DeviceBuffer(size_t(max_tokens) * H * 2);
+    grads_.dgates = testing::DeviceBuffer(size_t(max_tokens) * k * 4);
+    grads_.dw0 = testing::DeviceBuffer(w0_.bytes());  // bf16 weight gradients (BackwardOptions' default)
+    grads_.dw1 = testing::DeviceBuffer(w1_.bytes());
+    testing::fill_random_bf16(grads_.dout.get(), size_t(max_tokens) * H, 1.0f, seed_of(o_.seed, model.name, 2, 0), s0);
   }
   COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
   SequentialOptions so;
@@ -111,6 +120,22 @@ void GroupRunner::stage_case(const CaseInput& in) {
   team_->barrier();  // every rank's tokens and routing are in its exported buffers
 }
 
+void GroupRunner::add_record(std::vector<Record>& out, Record r, const Timing& t, double flops, bool comm,
+                             const CaseRows& c) const {
+  // Token rows cross the link once per pull and once per combine: l0 and l1 one of them, fwd and bwd
+  // both, fwd+bwd four.
+  const int passes = r.layer == "fwd+bwd" ? 4 : r.layer == "fwd" || r.layer == "bwd" ? 2 : 1;
+  r.median_ms = t.median_ms;
+  r.min_ms = t.min_ms;
+  r.max_ms = t.max_ms;
+  r.samples = t.samples;
+  if (flops > 0) r.tflops = tflops(flops, t.median_ms);
+  if (comm) r.gb_s = gb_s(double(passes) * c.remote * model_.shape.hidden * 2, t.median_ms);
+  r.rows = c.rows;
+  r.link_rows = c.remote;
+  out.push_back(r);
+}
+
 Record GroupRunner::base(const CaseInput& in, const std::string& layer, const std::string& system) const {
   Record r;
   r.key = CaseKey{model_.name,    layout_.name, layout_.par.world(), layout_.par.ep, layout_.par.tp,
@@ -149,17 +174,9 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     std::fprintf(stderr, "  warning: device plan has %lld rows / %lld remote units, host count %lld / %lld\n", rows,
                  remote, in.stats.rank0_rows, in.stats.rank0_remote_units);
   const double flops0 = 2.0 * rows * n0_cols * H, flops1 = 2.0 * rows * H * fs;
-  const double link_bytes = double(remote) * H * 2;  // layer 0: pulled rows; layer 1: shipped partial rows
+  const CaseRows case_rows{rows, remote};
   auto stamp = [&](Record r, const Timing& t, double flops, bool comm) {
-    r.median_ms = t.median_ms;
-    r.min_ms = t.min_ms;
-    r.max_ms = t.max_ms;
-    r.samples = t.samples;
-    if (flops > 0) r.tflops = tflops(flops, t.median_ms);
-    if (comm) r.gb_s = gb_s(r.layer == "fwd" ? 2 * link_bytes : link_bytes, t.median_ms);
-    r.rows = rows;
-    r.link_rows = remote;
-    out.push_back(r);
+    add_record(out, r, t, flops, comm, case_rows);
   };
 
   const bool L0 = o_.has_layer("l0"), L1 = o_.has_layer("l1"), FWD = o_.has_layer("fwd");
@@ -416,6 +433,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       note(" chunked %.3f", t.median_ms);
     }
   }
+  if (o_.has_backward()) line += run_backward(in, b0, case_rows, out);
   std::fprintf(stderr, "   %s\n", line.c_str());
 }
 

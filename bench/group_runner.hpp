@@ -41,10 +41,26 @@ class GroupRunner {
   struct Rank {
     testing::DeviceBuffer x, ids, gates, out;
   };
+  // Rank 0's gradients (a layer built for training): dout random, the rest written by the backwards.
+  struct Grads {
+    testing::DeviceBuffer dout, dx, dgates, dw0, dw1;
+    RankGrad grad() const { return RankGrad{dout.get(), dx.get(), dgates.as<float>(), dw0.get(), dw1.get()}; }
+  };
+  // What every record of a case shares: rank 0's real rows and the token rows that crossed the link.
+  struct CaseRows {
+    long long rows = 0, remote = 0;
+  };
   // Every measurement of a case goes through here (rank 0's stream, median of the options' repeats).
   Timing time(const std::function<void()>& pre, const std::function<void()>& fn);
   void stage_case(const CaseInput& input);
   Record base(const CaseInput& input, const std::string& layer, const std::string& system) const;
+  // Appends `r` with the timing, TFLOP/s of `flops` (none when 0) and, when `comm`, GB/s of the rows
+  // that crossed the link (once per pull or combine the record's layer runs).
+  void add_record(std::vector<Record>& out, Record r, const Timing& t, double flops, bool comm,
+                  const CaseRows& c) const;
+  // The backward's records of a case (backward_cases.cpp), after run_case's forward ones: rank 0's
+  // staged batch b0. Returns its part of the progress line.
+  std::string run_backward(const CaseInput& input, const RankBatch& b0, const CaseRows& c, std::vector<Record>& out);
 
   const BenchOptions& o_;
   Model model_;
@@ -54,6 +70,7 @@ class GroupRunner {
   std::unique_ptr<FusedMoe> moe_;
   testing::DeviceBuffer w0_, w1_;
   std::vector<Rank> ranks_;
+  Grads grads_;
   std::unique_ptr<SequentialMoe> seq_;
   std::unique_ptr<ChunkedMoe> chunked_;
   EventTimer timer_;

@@ -15,7 +15,9 @@ struct MemoryNeed {
 
 // T_cap tokens and rows_cap gathered rows per rank, W = par.world() ranks, weights for rank 0 only
 // (the other ranks share them: only rank 0 computes), GEMM0 scratch for two baselines on rank 0.
-MemoryNeed memory_need(const MoeShape& shape, const Parallel& par, Link link, int max_tokens, int max_rows);
+// training: the layer's training buffers on every rank and rank 0's gradients (bf16 weight gradients).
+MemoryNeed memory_need(const MoeShape& shape, const Parallel& par, Link link, int max_tokens, int max_rows,
+                       bool training);
 
 inline double gib(double bytes) { return bytes / (1024.0 * 1024.0 * 1024.0); }
 

@@ -20,7 +20,7 @@ struct CaseKey {
 
 struct Record {
   CaseKey key;
-  std::string layer;   // l0, l1, fwd
+  std::string layer;   // l0, l1, fwd, bwd, fwd+bwd, wgrad (the weight-gradient GEMMs alone)
   std::string system;  // cublas, sequential, chunked, comet
   double median_ms = 0;
   std::optional<double> tflops;  // over the real rows; none for comm-only records
@@ -35,10 +35,11 @@ struct Record {
   std::optional<int> chunks_requested;
   std::string cublas_path;                    // cublas / baselines: grouped or loop
   std::optional<double> other_path_ms;        // cublas: the slower path's median
-  std::optional<int> n_comm_l1;               // comet fwd: layer 1's n_comm (n_comm holds layer 0's)
+  std::optional<int> n_comm_l1;               // comet fwd, bwd: layer 1's kernel's n_comm (n_comm holds layer
+                                              // 0's kernel's; in bwd they run the backward of layer 1, of 0)
   bool best = false;                          // comet fused: the best n_comm of its sweep
   bool tuned = false;                         // comet fused: the tuner's pick (n_comm < 0 resolved)
-  std::string picked_by;                      // tuned: "table" or "cost_model" (fwd: layer 0 / layer 1)
+  std::string picked_by;                      // tuned: "table" or "cost_model" (fwd, bwd: layer 0 / layer 1)
   int tile_n = 0;
   int samples = 0;
   double min_ms = 0, max_ms = 0;

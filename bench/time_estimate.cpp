@@ -63,7 +63,27 @@ CaseCost estimate_case(const BenchOptions& o, const MoeShape& shape, const Paral
     const double c1 = std::max(c.gemm1_ms, comm_ms(bytes, link, o.chunk_comm_blocks)) * 1.2;
     ms += used.size() * ((l0 ? c0 : 0) + (l1 ? c1 : 0)) + (fwd ? c0 + c1 : 0);
   }
-  int measurements = 0;
+  // The backward (bench/README.md): every repeat re-runs a forward first. Its four GEMMs are twice the
+  // forward's FLOPs; its communication is the forward's (a pull and a combine).
+  const bool bwd = o.has_layer("bwd"), pair = o.has_layer("fwd+bwd");
+  int bwd_measurements = 0;
+  if (bwd || pair) {
+    const double back = 2 * gemm + c.comm0_ms + c.comm1_ms;
+    const int passes = (bwd ? 1 : 0) + (pair ? 1 : 0);
+    if (comet) {
+      ms += passes * (best0 + best1 + back) + best0 + best1 + back;  // + the weight gradients alone
+      bwd_measurements += passes + 1;
+    }
+    if (seq) {
+      ms += (1 + passes) * (seq0 + seq1 + back + 0.2) + 2 * gemm;  // a pass, the timed ones, both paths
+      bwd_measurements += passes + 4;
+    }
+    if (cublas) {
+      ms += gemm;  // the weight-gradient GEMMs alone
+      bwd_measurements += 1;
+    }
+  }
+  int measurements = bwd_measurements;
   const int layers = (l0 ? 1 : 0) + (l1 ? 1 : 0);
   if (cublas || seq || chunked) measurements += 2 * layers;
   if (comet) measurements += layers * (int(o.n_comm.size()) + 2) + (fwd ? 1 : 0);

@@ -1,0 +1,160 @@
+// The backward's records of a case (bench/README.md). A backward consumes its forward's saved
+// activations (the pre-activations and hidden rows become their gradients), so every timed backward
+// follows a training forward of the same system, re-run untimed before each repeat; "fwd+bwd" times the
+// pair. Both systems run rank 0's steps only, as the forward records do: the other ranks' exported rows
+// are whatever they staged, which costs the same to pull.
+#include <cstdio>
+
+#include "group_runner.hpp"
+
+namespace comet::bench {
+
+std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, const CaseRows& c,
+                                      std::vector<Record>& out) {
+  MoeEngine& moe = moe_->engine();
+  SequentialMoe& seq = *seq_;
+  const MoeShape& s = model_.shape;
+  const int H = s.hidden, fs = layout_.par.ffn_shard(s), n0 = is_gated(s.act) ? 2 * fs : fs;
+  // The forward's two GEMMs, and the backward's four: D = G W1_e and dW1 of layer 1's shape, dA = dPre W0_e
+  // and dW0 of layer 0's, over rank 0's real rows.
+  const double flops_fwd = 2.0 * c.rows * (double(n0) * H + double(H) * fs);
+  const double flops_wgrad = flops_fwd, flops_bwd = 2 * flops_fwd;
+  const bool BWD = o_.has_layer("bwd"), PAIR = o_.has_layer("fwd+bwd");
+  const RankGrad g0 = grads_.grad();
+  const BackwardOptions bo{};  // bf16 weight gradients, overwritten
+  std::string line;
+  auto note = [&](const char* fmt, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), fmt, v);
+    line += buf;
+  };
+
+  // ---- comet: the engine's fused steps in MoeEngine::backward's order, on the tuner's picks.
+  if (o_.has_system("comet")) {
+    LayerRequest pick;
+    pick.tile_n = o_.tile_n;
+    auto forward = [&] {
+      moe.prepare(0);
+      moe.layer0(0, LayerMode::fused, pick);
+      moe.layer1(0, LayerMode::fused, pick);
+      moe.finish(0, b0);
+    };
+    auto up_to_gates = [&] {
+      moe.stage_grad(0, g0);
+      moe.prepare_grad(0);
+      moe.grad_layer1(0, LayerMode::fused, pick);
+      moe.grad_gates(0);
+    };
+    auto backward = [&] {
+      up_to_gates();
+      moe.grad_weights1(0, g0, bo);
+      moe.grad_layer0(0, LayerMode::fused, pick);
+      moe.grad_weights0(0, g0, bo);
+      moe.finish_grad(0, g0);
+    };
+    // The backward of layer 1 runs layer 0's kernel on layer 0's decision (its adaptive word too), the
+    // backward of layer 0 layer 1's: n_comm is the first's, n_comm_l1 the second's.
+    auto fused_record = [&](const char* layer, const Timing& t, double flops) {
+      Record r = base(in, layer, "comet");
+      r.mode = "fused";
+      r.tuned = true;
+      r.n_comm = moe.last_n_comm(0, 0);
+      r.n_comm_l1 = moe.last_n_comm(0, 1);
+      r.picked_by = std::string(moe.decision(0, 0, LayerMode::fused, pick).picked_by) + "/" +
+                    moe.decision(1, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "");
+      add_record(out, r, t, flops, true, c);
+    };
+    if (BWD) {
+      const Timing t = time(forward, backward);
+      fused_record("bwd", t, flops_bwd);
+      note(" | bwd comet %.3f", t.median_ms);
+    }
+    if (PAIR) {
+      const Timing t = time(nullptr, [&] {
+        forward();
+        backward();
+      });
+      fused_record("fwd+bwd", t, flops_fwd + flops_bwd);
+      note(" | fwd+bwd comet %.3f", t.median_ms);
+    }
+    // Its weight-gradient kernels alone, where the backward runs them (after the gate partials).
+    const Timing t = time(
+        [&] {
+          forward();
+          up_to_gates();
+        },
+        [&] {
+          moe.grad_weights1(0, g0, bo);
+          moe.grad_weights0(0, g0, bo);
+        });
+    Record r = base(in, "wgrad", "comet");
+    r.mode = "gemm_only";
+    add_record(out, r, t, flops_wgrad, false, c);
+    note(" | wgrad comet %.3f", t.median_ms);
+  }
+
+  // ---- sequential (its forward, then its backward) and cuBLAS's weight-gradient GEMMs alone.
+  const bool want_seq = o_.has_system("sequential"), want_cublas = o_.has_system("cublas");
+  if (!want_seq && !want_cublas) return line;
+  auto forward = [&] {
+    seq.prepare(0);
+    seq.layer0(0);
+    seq.layer1(0);
+    moe.finish(0, b0);
+  };
+  auto backward = [&] {
+    moe.stage_grad(0, g0);
+    seq.prepare_grad(0);  // reads the row counts: a host synchronisation inside the timed region
+    seq.grad_layer1(0, g0, bo);
+    seq.grad_layer0(0, g0, bo);
+    moe.finish_grad(0, g0);
+  };
+  // One untimed pass leaves the backward's GEMM problems set up and its operands valid: the GEMMs alone
+  // below re-run on them (each overwrites its output, so re-running is harmless).
+  forward();
+  backward();
+  moe.sync_and_check();
+  if (want_seq) {
+    // The backward's data GEMMs (D = G W1_e, dA = dPre W0_e) through the faster cuBLAS path of each.
+    for (GemmPath* path : {&seq.options().grad1, &seq.options().grad0}) {
+      Timing t[2];
+      for (GemmPath p : {GemmPath::grouped, GemmPath::loop}) {
+        *path = p;
+        t[int(p)] = time(nullptr, [&] { path == &seq.options().grad1 ? seq.grad_gemm1(0) : seq.grad_gemm0(0); });
+      }
+      *path = t[1].median_ms < t[0].median_ms ? GemmPath::loop : GemmPath::grouped;
+    }
+    const std::string fwd_paths = std::string(to_string(seq.options().gemm0)) + "/" + to_string(seq.options().gemm1);
+    const std::string bwd_paths = std::string(to_string(seq.options().grad1)) + "/" + to_string(seq.options().grad0);
+    if (BWD) {
+      const Timing t = time(forward, backward);
+      Record r = base(in, "bwd", "sequential");
+      r.cublas_path = bwd_paths;
+      add_record(out, r, t, flops_bwd, true, c);
+      note(" | bwd seq %.3f", t.median_ms);
+    }
+    if (PAIR) {
+      const Timing t = time(nullptr, [&] {
+        forward();
+        backward();
+      });
+      Record r = base(in, "fwd+bwd", "sequential");
+      r.cublas_path = fwd_paths + "/" + bwd_paths;
+      add_record(out, r, t, flops_fwd + flops_bwd, true, c);
+      note(" | fwd+bwd seq %.3f", t.median_ms);
+    }
+  }
+  if (want_cublas) {
+    const Timing t = time(nullptr, [&] {
+      seq.grad_wgrad1(0, g0, bo);
+      seq.grad_wgrad0(0, g0, bo);
+    });
+    Record r = base(in, "wgrad", "cublas");
+    r.cublas_path = "loop";
+    add_record(out, r, t, flops_wgrad, false, c);
+    note(" | wgrad cublas %.3f", t.median_ms);
+  }
+  return line;
+}
+
+}  // namespace comet::bench

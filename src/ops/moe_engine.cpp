@@ -337,6 +337,8 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
 
 void MoeEngine::finish(int rank, const RankBatch& b) {
   RankState& s = state(rank);
+  // The layer ran on its own hidden rows (and, training, kept its pre-activations): a backward may follow.
+  s.saved = options_.training && s.hid_call == s.hid;
   kernels::FinalReduceArgs f{};
   f.recv = static_cast<const __nv_bfloat16*>(team_.local_ptr(recv_sym_, rank));
   f.self_partial = static_cast<const __nv_bfloat16*>(s.self_partial);
@@ -381,11 +383,6 @@ void MoeEngine::run(const std::vector<RankBatch>& batches, Part part) {
   }
   team_.barrier();  // every rank has written its partial rows into the owners' receive slots
   for (size_t i = 0; i < local.size(); ++i) finish(local[i], batches[i]);
-  // The whole layer on the layer's own hidden rows: what a backward needs is in place.
-  for (int r : local) {
-    RankState& s = state(r);
-    s.saved = options_.training && part == Part::whole && s.hid_call == s.hid;
-  }
 }
 
 void MoeEngine::forward(const std::vector<RankBatch>& batches) {

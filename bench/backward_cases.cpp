@@ -29,7 +29,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     line += buf;
   };
 
-  // ---- comet: the engine's fused steps in MoeEngine::backward's order, on the tuner's picks.
+  // ---- comet: the engine's fused steps as MoeEngine::backward runs them, on the tuner's picks.
   if (o_.has_system("comet")) {
     LayerRequest pick;
     pick.tile_n = o_.tile_n;
@@ -45,11 +45,9 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       moe.grad_layer1(0, LayerMode::fused, pick);
       moe.grad_gates(0);
     };
-    auto backward = [&] {
-      up_to_gates();
-      moe.grad_weights1(0, g0, bo);
-      moe.grad_layer0(0, LayerMode::fused, pick);
-      moe.grad_weights0(0, g0, bo);
+    auto backward = [&] {  // MoeEngine::backward's steps for rank 0 (its weight gradients on the side stream)
+      moe.stage_grad(0, g0);
+      moe.grad_steps(0, g0, bo, pick, pick);
       moe.finish_grad(0, g0);
     };
     // The backward of layer 1 runs layer 0's kernel on layer 0's decision (its adaptive word too), the

@@ -257,6 +257,23 @@ void MoeEngine::finish_grad(int rank, const RankGrad& g) {
   kernels::reduce_gate_grads(r, s.stream);
 }
 
+void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o, const LayerRequest& request1,
+                           const LayerRequest& request0) {
+  RankState& s = state(rank);
+  prepare_grad(rank);
+  grad_layer1(rank, LayerMode::fused, request1);
+  grad_gates(rank);
+  // dW1 and dW0 need only what grad_layer1 wrote: on the side stream, beside grad_layer0, whose
+  // combine then overlaps them (launched first, so the fused kernel's grid is resident first).
+  COMET_CUDA_CHECK(cudaEventRecord(s.side_fork, s.stream));
+  grad_layer0(rank, LayerMode::fused, request0);
+  COMET_CUDA_CHECK(cudaStreamWaitEvent(s.side, s.side_fork, 0));
+  grad_weights1_on(s, g, o, s.side);
+  grad_weights0_on(s, g, o, s.side);
+  COMET_CUDA_CHECK(cudaEventRecord(s.side_join, s.side));
+  COMET_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.side_join, 0));
+}
+
 void MoeEngine::backward(const std::vector<RankGrad>& grads, const BackwardOptions& o) {
   const std::vector<int> local = team_.local_ranks();
   COMET_REQUIRE(grads.size() == local.size(), "FusedMoe::backward: ", grads.size(), " gradients for ", local.size(),
@@ -264,22 +281,7 @@ void MoeEngine::backward(const std::vector<RankGrad>& grads, const BackwardOptio
   for (size_t i = 0; i < local.size(); ++i) check_grad(local[i], grads[i]);  // all refusals before any work
   for (size_t i = 0; i < local.size(); ++i) stage_grad(local[i], grads[i]);
   team_.barrier();  // every rank's output gradients are in its exported buffer
-  for (size_t i = 0; i < local.size(); ++i) {
-    const int r = local[i];
-    RankState& s = state(r);
-    prepare_grad(r);
-    grad_layer1(r, LayerMode::fused, options_.layer0);
-    grad_gates(r);
-    // dW1 and dW0 need only what grad_layer1 wrote: on the side stream, beside grad_layer0, whose
-    // combine then overlaps them (launched first, so the fused kernel's grid is resident first).
-    COMET_CUDA_CHECK(cudaEventRecord(s.side_fork, s.stream));
-    grad_layer0(r, LayerMode::fused, options_.layer1);
-    COMET_CUDA_CHECK(cudaStreamWaitEvent(s.side, s.side_fork, 0));
-    grad_weights1_on(s, grads[i], o, s.side);
-    grad_weights0_on(s, grads[i], o, s.side);
-    COMET_CUDA_CHECK(cudaEventRecord(s.side_join, s.side));
-    COMET_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.side_join, 0));
-  }
+  for (size_t i = 0; i < local.size(); ++i) grad_steps(local[i], grads[i], o, options_.layer0, options_.layer1);
   team_.barrier();  // every partial row of dx and of the gate gradients is in its owner's receive slots
   for (size_t i = 0; i < local.size(); ++i) finish_grad(local[i], grads[i]);
 }

@@ -77,6 +77,11 @@ class MoeEngine {
   void grad_layer0(int rank, LayerMode mode, const LayerRequest& request);
   void grad_weights0(int rank, const RankGrad& grad, const BackwardOptions& options);
   void finish_grad(int rank, const RankGrad& grad);
+  // Everything between the two barriers of the fused backward (prepare_grad .. grad_weights0), with the
+  // weight gradients on a side stream beside grad_layer0: request1 / request0 are the launches of
+  // grad_layer1 / grad_layer0 (the forward's layer 0 / layer 1 kind of kernel).
+  void grad_steps(int rank, const RankGrad& grad, const BackwardOptions& options, const LayerRequest& request1,
+                  const LayerRequest& request0);
   // The whole backward, for every local rank on the team's streams / ordered on `stream`.
   void backward(const std::vector<RankGrad>& grads, const BackwardOptions& options);
   void backward_on(const std::vector<RankGrad>& grads, cudaStream_t stream, const BackwardOptions& options);

@@ -84,14 +84,38 @@ def activation(act: str, h: torch.Tensor, ffn: int) -> torch.Tensor:
     return F.silu(h)
 
 
-def expert_mix(p: Problem, x, ids, gates, gate_up, down) -> torch.Tensor:
-    """y_t = sum_j gate_tj * down_e(act(gate_up_e x_t)), e = ids_tj, in x's dtype; differentiable."""
+class _ActivationSavedInBf16(torch.autograd.Function):
+    """act(z), whose backward evaluates act' at z rounded to bf16: what a bf16 layer saves (comet, like
+    any bf16 autograd graph, keeps the pre-activations in bf16). The derivative is ill-conditioned near
+    its zeros (SiLU's at z = -1.28): there one rounding of z moves act'(z) by tens of percent, so a weight
+    row fed by one or two tokens can differ by that much from an fp32 reference. Modelling the saved
+    precision keeps the row-wise check a test of the math, not of that conditioning."""
+
+    @staticmethod
+    def forward(ctx, z, act, ffn):
+        ctx.save_for_backward(z.to(torch.bfloat16).float())
+        ctx.act, ctx.ffn = act, ffn
+        return activation(act, z, ffn)
+
+    @staticmethod
+    def backward(ctx, dh):
+        (saved,) = ctx.saved_tensors
+        with torch.enable_grad():
+            z = saved.detach().requires_grad_()
+            (dz,) = torch.autograd.grad(activation(ctx.act, z, ctx.ffn), z, dh)
+        return dz, None, None
+
+
+def expert_mix(p: Problem, x, ids, gates, gate_up, down, saved_bf16: bool = False) -> torch.Tensor:
+    """y_t = sum_j gate_tj * down_e(act(gate_up_e x_t)), e = ids_tj, in x's dtype; differentiable.
+    saved_bf16: the activation's backward sees the pre-activations rounded to bf16 (_ActivationSavedInBf16)."""
     y = torch.zeros_like(x)
     for e in range(p.experts):
         tok, slot = (ids == e).nonzero(as_tuple=True)
         if tok.numel() == 0:
             continue
-        h = activation(p.act, x[tok] @ gate_up[e].t(), p.ffn)
+        z = x[tok] @ gate_up[e].t()
+        h = _ActivationSavedInBf16.apply(z, p.act, p.ffn) if saved_bf16 else activation(p.act, z, p.ffn)
         y = y.index_add(0, tok, (h @ down[e].t()) * gates[tok, slot, None])
     return y
 
@@ -120,11 +144,11 @@ def random_douts(p: Problem, seed: int) -> list:
 
 def reference_grads(p: Problem, dout: list) -> Grads:
     """Gradients of sum_r <dout_r, out_r> over every rank's tokens, by autograd through the plain MoE in
-    fp32 on the problem's bf16 values."""
+    fp32 on the problem's bf16 values, with the pre-activations saved in bf16 as the layer saves them."""
     gate_up, down = p.gate_up.clone().requires_grad_(), p.down.clone().requires_grad_()
     xs = [x.float().cpu().requires_grad_() for x in p.x]
     gates = [g.float().cpu().requires_grad_() for g in p.gates]
-    loss = sum((expert_mix(p, x, i.cpu(), g, gate_up, down) * d.float().cpu()).sum()
+    loss = sum((expert_mix(p, x, i.cpu(), g, gate_up, down, saved_bf16=True) * d.float().cpu()).sum()
                for x, i, g, d in zip(xs, p.ids, gates, dout))
     loss.backward()
     grad = lambda t: torch.zeros_like(t) if t.grad is None else t.grad  # noqa: E731  (a rank without tokens)

@@ -50,16 +50,16 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       moe.grad_steps(0, g0, bo, pick, pick);
       moe.finish_grad(0, g0);
     };
-    // The backward of layer 1 runs layer 0's kernel on layer 0's decision (its adaptive word too), the
-    // backward of layer 0 layer 1's: n_comm is the first's, n_comm_l1 the second's.
+    // The backward's two fused launches are the planner's launches 2 (backward of layer 1, layer 0's kind
+    // of kernel) and 3 (backward of layer 0): n_comm is the first's, n_comm_l1 the second's.
     auto fused_record = [&](const char* layer, const Timing& t, double flops) {
       Record r = base(in, layer, "comet");
       r.mode = "fused";
       r.tuned = true;
-      r.n_comm = moe.last_n_comm(0, 0);
-      r.n_comm_l1 = moe.last_n_comm(0, 1);
-      r.picked_by = std::string(moe.decision(0, 0, LayerMode::fused, pick).picked_by) + "/" +
-                    moe.decision(1, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "");
+      r.n_comm = moe.last_n_comm(0, 2);
+      r.n_comm_l1 = moe.last_n_comm(0, 3);
+      r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
+                    moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "");
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {

@@ -22,9 +22,12 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --routings LIST          uniform,zipf1.2,one_expert                     (default: uniform,zipf1.2)
   --tokens LIST            tokens per rank                                (default: 1024,2048,4096,8192,16384)
   --n-comm LIST            comm blocks of comet's fused sweep (0: sequential mode) (default: 1,2,4,8,16,24,32)
-  --layers LIST            l0,l1,fwd,bwd,fwd+bwd (bwd: the backward after a training forward;
-                           fwd+bwd: both; either builds the layer for training and adds the
-                           weight-gradient GEMMs alone, layer wgrad)     (default: l0,l1,fwd)
+  --layers LIST            l0,l1,l2,l3,fwd,bwd,fwd+bwd (l2 / l3: the backward's fused launches, of
+                           layer 1 (pull of output gradients + G W1) and of layer 0 (dPre W0 +
+                           combine), swept over n_comm like l0 / l1, for comet-tune; bwd: the
+                           backward after a training forward; fwd+bwd: both; bwd or fwd+bwd also
+                           time the weight-gradient GEMMs alone, layer wgrad; any of l2, l3, bwd,
+                           fwd+bwd builds the layer for training)          (default: l0,l1,fwd)
   --systems LIST           cublas,comet,sequential,chunked                (default: all)
   --chunks LIST            chunked baseline's C values                    (default: 2,4,8)
   --chunk-comm-blocks N    blocks of each chunked pull / ship             (default: 16)
@@ -134,7 +137,7 @@ BenchOptions parse_options(int argc, char** argv) {
       o.n_comm = split_ints(value(), a);
     } else if (a == "--layers") {
       o.layers = split(value());
-      require_subset(o.layers, {"l0", "l1", "fwd", "bwd", "fwd+bwd"}, "--layers");
+      require_subset(o.layers, {"l0", "l1", "l2", "l3", "fwd", "bwd", "fwd+bwd"}, "--layers");
     } else if (a == "--systems") {
       o.systems = split(value());
       require_subset(o.systems, {"cublas", "comet", "sequential", "chunked"}, "--systems");

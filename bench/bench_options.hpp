@@ -32,7 +32,10 @@ struct BenchOptions {
 
   bool has_layer(const std::string& l) const;
   bool has_system(const std::string& s) const;
-  bool has_backward() const { return has_layer("bwd") || has_layer("fwd+bwd"); }  // the layer is built for training
+  // The layer is built for training: a backward, or one of its fused launches (l2, l3), is measured.
+  bool has_backward() const {
+    return has_layer("bwd") || has_layer("fwd+bwd") || has_layer("l2") || has_layer("l3");
+  }
 };
 
 // Parses argv; prints usage and exits on --help; throws InvalidArgument on bad flags.

@@ -174,12 +174,15 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     std::fprintf(stderr, "  warning: device plan has %lld rows / %lld remote units, host count %lld / %lld\n", rows,
                  remote, in.stats.rank0_rows, in.stats.rank0_remote_units);
   const double flops0 = 2.0 * rows * n0_cols * H, flops1 = 2.0 * rows * H * fs;
+  // The backward's fused launches: G W1 (N = F/tp, K = H) and dPre W0 (N = H, K = W0 rows).
+  const double flops2 = 2.0 * rows * fs * H, flops3 = 2.0 * rows * H * n0_cols;
   const CaseRows case_rows{rows, remote};
   auto stamp = [&](Record r, const Timing& t, double flops, bool comm) {
     add_record(out, r, t, flops, comm, case_rows);
   };
 
   const bool L0 = o_.has_layer("l0"), L1 = o_.has_layer("l1"), FWD = o_.has_layer("fwd");
+  const bool L2 = o_.has_layer("l2"), L3 = o_.has_layer("l3");
   const bool want_cublas = o_.has_system("cublas"), want_comet = o_.has_system("comet");
   const bool want_seq = o_.has_system("sequential"), want_chunked = o_.has_system("chunked");
   std::string line;  // the progress line
@@ -215,17 +218,42 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   // ---- comet: gemm_only, the fused n_comm sweep, comm_only at the best n_comm (or every one).
   int best_n[2] = {moe.options().layer0.n_comm.value_or(0), moe.options().layer1.n_comm.value_or(0)};
   if (want_comet) {
-    for (int layer = 0; layer < 2; ++layer) {
-      if (!(layer == 0 ? L0 : L1)) continue;
-      const char* name = layer == 0 ? "l0" : "l1";
-      const double flops = layer == 0 ? flops0 : flops1;
+    // The launches by id (comet/tune.hpp): 0, 1 the forward's layers, 2, 3 the backward's fused kernels,
+    // which run on a staged backward: one training forward and its output gradients, staged once.
+    const bool wanted[kLaunchLayers] = {L0, L1, L2, L3};
+    const double launch_flops[kLaunchLayers] = {flops0, flops1, flops2, flops3};
+    bool backward_staged = false;
+    for (int layer = 0; layer < kLaunchLayers; ++layer) {
+      if (!wanted[layer]) continue;
+      const std::string name = "l" + std::to_string(layer);
+      const double flops = launch_flops[layer];
       const int limit = moe.resident_blocks(layer, tn);
-      // Layer 0 re-runs prepare (a new epoch, and the pull refills A); layer 1 needs only a new epoch.
-      auto pre = [&] { layer == 0 ? moe.prepare(0) : moe.advance_epoch(0); };
+      if (layer >= 2 && !backward_staged) {
+        moe.prepare(0);
+        moe.layer0(0, LayerMode::fused, tuned(tn));
+        moe.layer1(0, LayerMode::fused, tuned(tn));
+        moe.finish(0, b0);
+        moe.stage_grad(0, grads_.grad());
+        backward_staged = true;
+      }
+      // A pull re-runs its prepare (a new epoch, its local rows, and the pull refills the rows); a
+      // combine needs only a new epoch. (Re-running a backward launch rewrites its own outputs in place:
+      // the values drift, the work does not.)
+      auto pre = [&] {
+        if (layer == 0) moe.prepare(0);
+        else if (layer == 2) moe.prepare_grad(0);
+        else moe.advance_epoch(0);
+      };
+      auto launch = [&moe, layer, tn](LayerMode mode, const LayerRequest& r) {
+        switch (layer) {
+          case 0: moe.layer0(0, mode, r); break;
+          case 1: moe.layer1(0, mode, r); break;
+          case 2: moe.grad_layer1(0, mode, r); break;
+          default: moe.grad_layer0(0, mode, r); break;
+        }
+      };
       auto run = [&](LayerMode mode, int n) {
-        return [&moe, layer, mode, tn, n] {
-          layer == 0 ? moe.layer0(0, mode, variant(tn, n)) : moe.layer1(0, mode, variant(tn, n));
-        };
+        return [launch, mode, tn, n] { launch(mode, variant(tn, n)); };
       };
       const Timing gemm = time(nullptr, run(LayerMode::gemm_only, 0));
       Record g = base(in, name, "comet");
@@ -241,7 +269,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       int best = fused.begin()->first;
       for (const auto& [n, t] : fused)
         if (t.median_ms < fused[best].median_ms) best = n;
-      best_n[layer] = best;
+      if (layer < 2) best_n[layer] = best;
       for (const auto& [n, t] : fused) {
         if (n == 0 || (!o_.comm_all && n != best)) continue;  // n 0: sequential mode, no comm blocks
         comm[n] = time(pre, run(LayerMode::comm_only, n));
@@ -269,9 +297,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       const LaunchDecision pick = moe.decision(layer, 0, LayerMode::fused, tuned(tn));
       const int tn_comm = pick.n_comm;
       if (tn_comm >= 0 && tn_comm < limit) {
-        auto run_tuned = [&moe, layer, tn] {
-          layer == 0 ? moe.layer0(0, LayerMode::fused, tuned(tn)) : moe.layer1(0, LayerMode::fused, tuned(tn));
-        };
+        auto run_tuned = [launch, tn] { launch(LayerMode::fused, tuned(tn)); };
         const Timing t = o_.adaptive              ? time(pre, run_tuned)
                          : fused.count(tn_comm) ? fused[tn_comm]
                                                 : time(pre, run(LayerMode::fused, tn_comm));

@@ -39,7 +39,10 @@ CaseCost estimate_case(const BenchOptions& o, const MoeShape& shape, const Paral
   double ms = 0;  // one run of every measurement
   const bool cublas = o.has_system("cublas"), comet = o.has_system("comet");
   const bool seq = o.has_system("sequential"), chunked = o.has_system("chunked");
-  const bool l0 = o.has_layer("l0"), l1 = o.has_layer("l1"), fwd = o.has_layer("fwd");
+  const bool fwd = o.has_layer("fwd");
+  // The backward's launches are timed like the forward's layers of their kind (l2 pulls like l0, l3
+  // combines like l1; their GEMMs are as large or smaller): counted as one more of each.
+  const int l0 = o.has_layer("l0") + o.has_layer("l2"), l1 = o.has_layer("l1") + o.has_layer("l3");
   auto fused = [&](double g, int n) { return std::max(g * kResidentBlocks / double(kResidentBlocks - n), comm_ms(bytes, link, n)); };
   if (cublas || seq || chunked) ms += 2 * ((l0 ? c.gemm0_ms : 0) + (l1 ? c.gemm1_ms : 0));  // both cuBLAS paths
   double best0 = 1e30, best1 = 1e30;
@@ -48,10 +51,10 @@ CaseCost estimate_case(const BenchOptions& o, const MoeShape& shape, const Paral
     best1 = std::min(best1, fused(c.gemm1_ms, n));
   }
   if (comet) {
-    for (int n : o.n_comm) ms += (l0 ? fused(c.gemm0_ms, n) : 0) + (l1 ? fused(c.gemm1_ms, n) : 0);
-    ms += (l0 ? c.gemm0_ms : 0) + (l1 ? c.gemm1_ms : 0);
+    for (int n : o.n_comm) ms += l0 * fused(c.gemm0_ms, n) + l1 * fused(c.gemm1_ms, n);
+    ms += l0 * c.gemm0_ms + l1 * c.gemm1_ms;
     const int comm_runs = o.comm_all ? int(o.n_comm.size()) : 1;
-    ms += comm_runs * ((l0 ? comm_ms(bytes, link, 2) : 0) + (l1 ? comm_ms(bytes, link, 2) : 0));
+    ms += comm_runs * (l0 + l1) * comm_ms(bytes, link, 2);
     if (fwd) ms += best0 + best1;
   }
   const double seq0 = c.comm0_ms + c.gemm0_ms + 0.1, seq1 = c.comm1_ms + c.gemm1_ms;
@@ -84,7 +87,7 @@ CaseCost estimate_case(const BenchOptions& o, const MoeShape& shape, const Paral
     }
   }
   int measurements = bwd_measurements;
-  const int layers = (l0 ? 1 : 0) + (l1 ? 1 : 0);
+  const int layers = l0 + l1;
   if (cublas || seq || chunked) measurements += 2 * layers;
   if (comet) measurements += layers * (int(o.n_comm.size()) + 2) + (fwd ? 1 : 0);
   if (seq) measurements += layers + (fwd ? 1 : 0);

@@ -142,6 +142,7 @@ class FusedMoe {
 
   // What the planner decided for the last launch of a layer on a local rank (tile, comm blocks,
   // schedule, where the choice came from).
+  // layer: 0, 1, or the backward's launches 2 (backward of layer 1) and 3 (of layer 0), comet/tune.hpp.
   const LaunchDecision& last_decision(int rank, int layer) const;
   // Device memory this layer holds per local rank (its private buffers and its symmetric ones).
   size_t device_bytes_per_rank() const;

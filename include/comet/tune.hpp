@@ -18,10 +18,18 @@ namespace comet {
 constexpr int kLoadClasses = 4;  // TuneKey::load: 1, 2, 4, 8
 
 // What a pick depends on. tokens_bucket is the smallest power of two >= tokens per rank (>= 256).
+// The fused launches the planner and the tuner know, by id ("layer" in keys, records and tables):
+//   0  layer 0 (dispatch + GEMM0)      1  layer 1 (GEMM1 + combine)
+//   2  the backward of layer 1: layer 0's kind of kernel (pull of output gradients + G W1)
+//   3  the backward of layer 0: layer 1's kind of kernel (dPre W0 + combine)
+inline constexpr int kLaunchLayers = 4;
+// 0: the comm blocks pull (layers 0 and 2), 1: they combine (layers 1 and 3).
+inline constexpr int comm_kind(int layer) { return layer % 2; }
+
 struct TuneKey {
   std::string gpu;  // device name, e.g. "NVIDIA H200"
   int sms = 0;
-  int layer = 0;  // 0 or 1
+  int layer = 0;  // a launch id above: 0..3
   int hidden = 0, ffn = 0, experts = 0, topk = 0;
   int world = 0, ep = 0, tp = 0;
   Link link = Link::device;
@@ -42,14 +50,15 @@ double expected_rows(const MoeShape& s, const Parallel& p, int tokens_per_rank);
 
 // The work of one rank's layer, as the cost model sees it.
 struct LayerWork {
-  int layer = 0;
+  int layer = 0;             // the comm kind (comm_kind): 0 pull, 1 combine
   double flops = 0;          // GEMM flops over the real rows
   double link_bytes = 0;     // bytes that cross the link (remote rows pulled, or partial rows shipped)
   double comm_units = 0;     // units the comm blocks handle (layer 0: remote ones; layer 1: all)
   double rows_per_unit = 1;  // destination rows per unit (a token's experts on this rank)
   int hidden = 0;
   int topk = 1;
-  int gemm_n = 0;            // the GEMM's N (layer 0: W0 rows of the shard; layer 1: H); 0: unknown
+  int gemm_n = 0;            // the GEMM's N (layer 0: W0 rows of the shard; 1 and 3: H; 2: F/tp); 0: unknown
+  bool backward = false;     // a backward kernel (launch 2 or 3): compiled tiles 128 and 256 only
 };
 
 // One row's work: the layer's shape fields (layer, hidden, topk, gemm_n) and, in `flops`, the GEMM

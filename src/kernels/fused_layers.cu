@@ -37,10 +37,11 @@ void launch_layer1(const Layer1Launch& l, cudaStream_t stream) {
   with_tile<Layer1Tiles>(l.tile_n, "layer 1", [&](auto w) { launch_layer1_tile<decltype(w)::value>(l, stream); });
 }
 
-LaunchLimits grad_layer_limits(int layer, int tile_n) {
+LaunchLimits grad_layer_limits(int launch, int tile_n) {
+  COMET_REQUIRE(launch == 2 || launch == 3, "backward launch must be 2 or 3, got ", launch);
   LaunchLimits lim;
   with_tile<GradTiles>(tile_n, "backward", [&](auto w) {
-    lim = layer == 0 ? grad_layer0_limits_tile<decltype(w)::value>() : grad_layer1_limits_tile<decltype(w)::value>();
+    lim = launch == 3 ? grad_layer0_limits_tile<decltype(w)::value>() : grad_layer1_limits_tile<decltype(w)::value>();
   });
   return lim;
 }

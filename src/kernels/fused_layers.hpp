@@ -28,7 +28,9 @@ template <int... T>
 constexpr bool has_tile(std::integer_sequence<int, T...>, int tile_n) {
   return ((tile_n == T) || ...);
 }
+// By launch id (comet/tune.hpp: 0, 1 the forward's layers, 2, 3 the backward's kernels).
 inline bool is_supported_tile_n(int tile_n, int layer) {
+  if (layer >= 2) return has_tile(GradTiles{}, tile_n);
   return layer == 0 ? has_tile(Layer0Tiles{}, tile_n) : has_tile(Layer1Tiles{}, tile_n);
 }
 
@@ -152,7 +154,7 @@ LaunchLimits layer1_limits(int tile_n);
 
 void launch_layer0(const Layer0Launch& l, cudaStream_t stream);
 void launch_layer1(const Layer1Launch& l, cudaStream_t stream);
-LaunchLimits grad_layer_limits(int layer, int tile_n);  // the backward kernel of forward layer `layer`
+LaunchLimits grad_layer_limits(int launch, int tile_n);  // launch 2: grad_layer1's kernel, 3: grad_layer0's
 void launch_grad_layer1(const GradLayer1Launch& l, cudaStream_t stream);
 void launch_grad_layer0(const GradLayer0Launch& l, cudaStream_t stream);
 void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);

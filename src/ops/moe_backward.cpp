@@ -32,17 +32,11 @@ int MoeEngine::w0_shard_rows() const {
 
 int MoeEngine::gate_blocks() const { return (par_.ffn_shard(shape_) + kTileM - 1) / kTileM; }
 
-PlannedLaunch MoeEngine::grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const {
-  // The backward kernels have the forward layers' shapes of work (layer 1's backward pulls like layer 0,
-  // layer 0's ships like layer 1): they take that layer's decision, on a width they are compiled for.
-  const int forward_layer = layer == 1 ? 0 : 1;
-  PlannedLaunch p = planner_.plan(forward_layer, mode, s.tokens, request);
-  if (!kernels::has_tile(kernels::GradTiles{}, p.decision.tile_n)) {
-    LayerRequest r = request;
-    r.tile_n = 256;
-    p = planner_.plan(forward_layer, mode, s.tokens, r);
-  }
-  return p;
+const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMode mode,
+                                          const LayerRequest& request) const {
+  // Launches 2 and 3 of the planner (comet/tune.hpp): their own table keys, else the cost model with
+  // the backward's GEMM shapes (N = F/tp for the backward of layer 1, K = W0 rows for that of layer 0).
+  return planner_.plan(layer == 1 ? 2 : 3, mode, s.tokens, request);
 }
 
 void MoeEngine::check_grad(int rank, const RankGrad& g) const {
@@ -85,8 +79,9 @@ void MoeEngine::prepare_grad(int rank) {
 void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& request) {
   RankState& s = state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
-  const PlannedLaunch planned = grad_plan(1, s, mode, request);
+  const PlannedLaunch& planned = grad_plan(1, s, mode, request);
   const LaunchDecision& d = planned.decision;
+  s.last[2] = d;
   kernels::GradLayer1Launch l;
   l.tile_n = d.tile_n;
   l.w1 = s.w1;
@@ -110,7 +105,7 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
                                      -1,
                                      -1,
                                      options_.dispatch_store_lag};
-  l.split = grid_split(s, planned, mode, 0);
+  l.split = grid_split(s, planned, mode, 2);
   s.grad_gate_blocks = (l.ffn_shard + d.tile_n - 1) / d.tile_n;
   if (d.schedule == Schedule::sequential) {  // as the forward's layer 0: the pull first, on the whole GPU
     if (par_.world() > 1) {
@@ -167,8 +162,9 @@ void MoeEngine::grad_weights1_on(RankState& s, const RankGrad& g, const Backward
 void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& request) {
   RankState& s = state(rank);
   COMET_REQUIRE(s.w0 || mode == LayerMode::comm_only, "FusedMoe: no weights (w0) set for rank ", rank);
-  const PlannedLaunch planned = grad_plan(0, s, mode, request);
+  const PlannedLaunch& planned = grad_plan(0, s, mode, request);
   const LaunchDecision& d = planned.decision;
+  s.last[3] = d;
   const int H = shape_.hidden;
   kernels::GradLayer0Launch l;
   l.tile_n = d.tile_n;
@@ -194,7 +190,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
                                    -1,
                                    -1,
                                    /*unit_weights=*/true};
-  l.split = grid_split(s, planned, mode, 1);
+  l.split = grid_split(s, planned, mode, 3);
   if (d.schedule == Schedule::sequential) {  // as the forward's layer 1: the combine after the GEMM
     l.split.mode = LayerMode::gemm_only;
     kernels::launch_grad_layer0(l, s.stream);

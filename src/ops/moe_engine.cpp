@@ -43,6 +43,7 @@ DeviceCaps device_caps(int device) {
   c.sms = prop.multiProcessorCount;
   c.l2_bytes = size_t(prop.l2CacheSize);
   c.resident_blocks = [](int layer, int tile_n) {
+    if (layer >= 2) return kernels::grad_layer_limits(layer, tile_n).max_blocks;
     return (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
   };
   return c;
@@ -129,7 +130,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     s->self_partial = alloc(*s, size_t(T) * row_bytes);
     s->sync = kernels::LayerSync::carve(
         static_cast<int32_t*>(alloc(*s, kernels::LayerSync::words(max_tiles, max_n_blocks) * 4)), max_tiles);
-    s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, 2 * 4));
+    s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, kLaunchLayers * 4));
     if (options_.training) {
       int least = 0, greatest = 0;
       COMET_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
@@ -225,7 +226,8 @@ const LaunchDecision& MoeEngine::decision(int layer, int rank, LayerMode mode, c
 }
 
 const LaunchDecision& MoeEngine::last_decision(int rank, int layer) const {
-  COMET_REQUIRE(layer == 0 || layer == 1, "FusedMoe: layer must be 0 or 1, got ", layer);
+  COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "FusedMoe: layer must be 0..3 (2, 3: the backward's), got ",
+                layer);
   return state(rank).last[layer];
 }
 

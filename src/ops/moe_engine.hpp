@@ -125,10 +125,10 @@ class MoeEngine {
   void join(cudaStream_t stream);  // `stream` waits for the ranks' streams
   void* alloc(RankState& s, size_t bytes);
   int w0_shard_rows() const;  // N0_s: W0 rows per local expert (2 F_s for swiglu)
-  // The planner's launch for a backward kernel (the forward layer's decision, on a compiled grad tile).
+  // The planner's launch for the backward of `layer` (launch id 2 for layer 1, 3 for layer 0).
   void grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
   void grad_weights0_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
-  PlannedLaunch grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const;
+  const PlannedLaunch& grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const;
   // The grid split of a launch of `layer` on a rank, from the planner's decision.
   kernels::GridSplit grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode, int layer) const;
 

@@ -24,8 +24,8 @@ struct MoeEngine::RankState {
   void* y = nullptr;             // [rows_cap][H]
   void* self_partial = nullptr;  // [T_cap][H]
   kernels::LayerSync sync;           // the fused launches' flags (kernels/layer_sync.hpp)
-  int32_t* chosen_n_comm = nullptr;  // [2] the adaptive split's pick of the last fused launch per layer
-  LaunchDecision last[2];           // the planner's decision of the last launch per layer
+  int32_t* chosen_n_comm = nullptr;       // [kLaunchLayers] the adaptive split's pick of the last fused launch
+  LaunchDecision last[kLaunchLayers];     // the planner's decision of the last launch per launch id
   const void* w0 = nullptr;
   const void* w1 = nullptr;
   const void* x = nullptr;  // the staged batch's tokens (device)

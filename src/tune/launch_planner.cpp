@@ -57,8 +57,9 @@ const PlannedLaunch& LaunchPlanner::plan(int layer, LayerMode mode, int tokens, 
 }
 
 PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const LayerRequest& request) const {
-  const char* name = layer == 0 ? "layer 0" : "layer 1";
-  COMET_REQUIRE(layer == 0 || layer == 1, "launch planner: layer must be 0 or 1, got ", layer);
+  static const char* const names[kLaunchLayers] = {"layer 0", "layer 1", "backward of layer 1", "backward of layer 0"};
+  COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "launch planner: layer must be 0..3, got ", layer);
+  const char* name = names[layer];
   COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n), "FusedMoe ", name,
                 ": tile_n must be 128", layer == 0 ? ", 192" : "", " or 256, got ", request.tile_n.value_or(0));
   COMET_REQUIRE(!request.n_comm || *request.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0, got ",
@@ -89,9 +90,9 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
                   v.tile_n, ", which is not compiled");
     if (!request.n_comm) {
       // The pick must leave compute blocks on this device (a table from another GPU could ask for more);
-      // with one rank layer 0 has nothing to pull.
+      // with one rank a pull (layer 0, the backward of layer 1) has nothing to pull.
       v.n_comm = std::min(v.n_comm, resident_blocks(layer, v.tile_n) - 1);
-      if (par_.world() == 1 && layer == 0) v.n_comm = 0;
+      if (par_.world() == 1 && comm_kind(layer) == 0) v.n_comm = 0;
     }
   }
   d.tile_n = v.tile_n;
@@ -127,14 +128,16 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
 //    blocks ship column groups as they finish).
 int LaunchPlanner::m_group_rule(int layer, LayerMode mode, int tokens, const LaunchDecision& d) const {
   const int compute_blocks = d.resident_blocks - d.n_comm;
-  const int n0 = par_.ffn_shard(shape_) * (is_gated(shape_.act) ? 2 : 1);
+  const LayerWork row = row_work(shape_, par_, layer);
+  const bool pull = row.layer == 0;  // the comm kind: a pull (layers 0, 2) or a combine (1, 3)
+  const int gemm_k = int(row.flops / (2.0 * row.gemm_n));
   const int blocks_per_m_tile =
-      layer == 0 ? ceil_div(n0, d.tile_n) : std::min(d.n_group, ceil_div(shape_.hidden, d.tile_n));
-  const size_t a_tile_bytes = size_t(kTileM) * (layer == 0 ? shape_.hidden : par_.ffn_shard(shape_)) * 2;
+      pull ? ceil_div(row.gemm_n, d.tile_n) : std::min(d.n_group, ceil_div(row.gemm_n, d.tile_n));
+  const size_t a_tile_bytes = size_t(kTileM) * gemm_k * 2;
   const int wave = ceil_div(compute_blocks, std::max(1, blocks_per_m_tile));
   const int l2_fit = int(caps_.l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
-  const bool fused_rule = mode == LayerMode::fused && (layer == 1 || d.n_comm > 0);
-  const int expected_m_tiles = layer == 0 ? int(expected_rows(shape_, par_, tokens) / kTileM) : 0;
+  const bool fused_rule = mode == LayerMode::fused && (!pull || d.n_comm > 0);
+  const int expected_m_tiles = pull ? int(expected_rows(shape_, par_, tokens) / kTileM) : 0;
   const int larger = fused_rule ? std::min(l2_fit, expected_m_tiles / 16) : l2_fit;
   return std::clamp(std::max(wave, larger), 1, 16);
 }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "comet/common.hpp"
 #include "comet/tune.hpp"
 
 namespace comet {
@@ -26,12 +27,18 @@ double expected_rows(const MoeShape& s, const Parallel& p, int tokens_per_rank) 
 }
 
 LayerWork row_work(const MoeShape& s, const Parallel& p, int layer) {
+  COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "tuner: launch layer must be 0..3, got ", layer);
   LayerWork w;
-  w.layer = layer;
+  w.layer = comm_kind(layer);
+  w.backward = layer >= 2;
   w.hidden = s.hidden;
   w.topk = s.topk;
-  w.gemm_n = layer == 0 ? int(s.w0_rows() / p.tp) : s.hidden;
-  w.flops = 2.0 * w.gemm_n * (layer == 0 ? s.hidden : p.ffn_shard(s));
+  const int n0 = int(s.w0_rows() / p.tp), fs = p.ffn_shard(s);
+  // (N, K) of the GEMM: layer 0 x W0^T, layer 1 h W1^T, their backwards G W1 and dPre W0.
+  const int n[kLaunchLayers] = {n0, s.hidden, fs, s.hidden};
+  const int k[kLaunchLayers] = {s.hidden, fs, s.hidden, n0};
+  w.gemm_n = n[layer];
+  w.flops = 2.0 * n[layer] * k[layer];
   return w;
 }
 
@@ -46,9 +53,9 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
   const double H = s.hidden, Fs = p.ffn_shard(s);
   LayerWork w = row_work(s, p, layer);
   w.link_bytes = remote_units * H * 2;
-  w.comm_units = layer == 0 ? remote_units : units;
+  w.comm_units = w.layer == 0 ? remote_units : units;
   w.rows_per_unit = units > 0 ? rows / units : 1;
-  w.flops = layer == 0 ? 2.0 * rows * s.w0_rows() / p.tp * H : 2.0 * rows * H * Fs;
+  w.flops *= rows;  // row_work's flops are one row's
   (void)tile_n;
   return w;
 }

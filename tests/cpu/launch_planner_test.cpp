@@ -112,12 +112,42 @@ TEST(LaunchPlanner, RejectsWhatNoKernelRuns) {
   r.m_group.reset();
   r.n_group = 0;
   EXPECT_THROW(p.plan(1, LayerMode::fused, 64, r), InvalidArgument);
-  EXPECT_THROW(p.plan(2, LayerMode::fused, 64, LayerRequest{}), InvalidArgument);
+  EXPECT_THROW(p.plan(4, LayerMode::fused, 64, LayerRequest{}), InvalidArgument);
+  EXPECT_THROW(p.plan(2, LayerMode::fused, 64, LayerRequest::forced(192, 2)), InvalidArgument);  // no grad 192
   // A table entry that is not compiled is reported as the table's fault.
   TuneTable bad;
   bad.put(p.key(1, 4096), TuneEntry{LayerVariant{192, 4, 0, 1}, 1.0});
   const LaunchPlanner q = planner(Parallel{8, 1}, bad);
   EXPECT_THROW(q.plan(1, LayerMode::fused, 4096, LayerRequest{}), InvalidArgument);
+}
+
+// The backward's launches (2: backward of layer 1, 3: of layer 0) have their own table keys, else the
+// cost model on their own GEMM shapes: G W1 has N = F/tp (half of layer 0's N for SwiGLU), dPre W0 has
+// K = W0 rows (twice layer 1's K).
+TEST(LaunchPlanner, BackwardLaunchesHaveTheirOwnKeysAndShapes) {
+  TuneTable t;
+  const LaunchPlanner probe = planner(Parallel{8, 1});
+  EXPECT_NE(probe.key(2, 4096).str(), probe.key(0, 4096).str());
+  t.put(probe.key(0, 4096), TuneEntry{LayerVariant{256, 7, 0, 1}, 1.0});   // the forward's entry ...
+  t.put(probe.key(3, 4096), TuneEntry{LayerVariant{128, 11, 0, 2}, 1.0});  // ... and the backward's own
+  const LaunchPlanner p = planner(Parallel{8, 1}, t);
+  const LaunchDecision& b1 = p.plan(2, LayerMode::fused, 4096, LayerRequest{}).decision;
+  EXPECT_STREQ(b1.picked_by, "cost_model");  // not layer 0's entry
+  EXPECT_EQ(b1.layer, 2);
+  const LaunchDecision& b0 = p.plan(3, LayerMode::fused, 4096, LayerRequest{}).decision;
+  EXPECT_STREQ(b0.picked_by, "table");
+  EXPECT_EQ(b0.tile_n, 128);
+  EXPECT_EQ(b0.n_comm, 11);
+  const Parallel ep8{8, 1};
+  const int fs = kMixtral.ffn, n0 = 2 * kMixtral.ffn;  // tp = 1
+  EXPECT_EQ(row_work(kMixtral, ep8, 2).gemm_n, fs);
+  EXPECT_EQ(row_work(kMixtral, ep8, 2).layer, 0);  // pulls like layer 0
+  EXPECT_EQ(row_work(kMixtral, ep8, 3).layer, 1);  // combines like layer 1
+  EXPECT_DOUBLE_EQ(row_work(kMixtral, ep8, 3).flops, 2.0 * kMixtral.hidden * n0);
+  EXPECT_DOUBLE_EQ(expected_work(kMixtral, ep8, 2, 4096, 256).flops, expected_work(kMixtral, ep8, 0, 4096, 256).flops / 2);
+  // One rank: nothing to pull in the backward of layer 1 either.
+  const LaunchPlanner one(kMixtral, Parallel{1, 1}, Link::host, h200_like(), TuneTable{}, PlannerPolicy{});
+  EXPECT_EQ(one.plan(2, LayerMode::fused, 4096, LayerRequest{}).decision.n_comm, 0);
 }
 
 // m_group when nobody sets it: a wave of work items, the L2 rule without waits, capped by 1/16 of the

@@ -4,10 +4,11 @@
 //              [--routings uniform,zipf1.2]
 //       measures on this GPU: runs the benchmark's comet sweep in-process (fused at every n_comm, 0 being the
 //       sequential mode; comm-only at every n_comm; gemm-only) for the config, then records the best
-//       variant per (layer, tokens bucket) and calibrates the cost model (GEMM rate per SM, per-block
+//       variant per (launch, tokens bucket) and calibrates the cost model (GEMM rate per SM, per-block
 //       comm rates, link ceiling); skewed batches (--routings, default uniform,zipf1.2) give the
 //       entries of their load class (TuneKey::load), which the fused kernels look up from the plan
-//       (MoeOptions::adaptive_split, on by default)
+//       (MoeOptions::adaptive_split, on by default). --layers l0,l1,l2,l3 (the default) also sweeps the
+//       backward's two fused launches (2: backward of layer 1, 3: of layer 0), which get keys of their own
 //   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...]
 //       the same from benchmark results already measured (any machine); --tile-runs files only feed
 //       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs
@@ -55,6 +56,7 @@ struct Args {
   // Measuring: the uniform sweep fills the keys (load class 1) and calibrates the cost model; the Zipf
   // sweep fills the entries of the hot rank's load class (none under TP, whose ranks all get every row).
   std::string routings = "uniform,zipf1.2";
+  std::string layers = "l0,l1,l2,l3";  // the launches swept: the forward's layers and the backward's
   int sms = 0;  // 0: from the records' GPU (132 for an H200)
   bool lookup_overhead = false;
   bool measured_work = false;  // --evaluate: the cost model sees each record's measured rows
@@ -89,12 +91,18 @@ int sms_of(const std::string& gpu, int forced) {
   return gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos ? 132 : 132;
 }
 
+// A record's launch id (comet/tune.hpp: "l0".."l3"), -1 for the whole-layer records (fwd, bwd, ...).
+int launch_of(const json& r) {
+  const std::string l = r.value("layer", "");
+  return l.size() == 2 && l[0] == 'l' && l[1] >= '0' && l[1] < char('0' + kLaunchLayers) ? l[1] - '0' : -1;
+}
+
 TuneKey key_of(const json& r, int sms) {
   const bench::Model& m = bench::find_model(r.value("model", ""));
   TuneKey k;
   k.gpu = r.value("gpu", "?");
   k.sms = sms;
-  k.layer = r.value("layer", "") == "l0" ? 0 : 1;
+  k.layer = launch_of(r);
   k.hidden = m.shape.hidden;
   k.ffn = m.shape.ffn;
   k.experts = m.shape.num_experts;
@@ -117,11 +125,11 @@ TuneKey key_of(const json& r, int sms) {
 LayerWork work_of(const json& r, bool measured = false) {
   const bench::Model& m = bench::find_model(r.value("model", ""));
   const Parallel par{r.value("ep", 8), r.value("tp", 1)};
-  LayerWork w = expected_work(m.shape, par, r.value("layer", "") == "l0" ? 0 : 1, r.value("tokens_per_rank", 0), 256);
+  LayerWork w = expected_work(m.shape, par, launch_of(r), r.value("tokens_per_rank", 0), 256);
   if (measured && r.contains("rows") && r.contains("link_rows")) {
     const double remote = r.value("link_rows", 0), W = par.world();
     const double units = remote * W / std::max(1.0, W - 1);
-    w = measured_work(row_work(m.shape, par, w.layer), r.value("rows", 0), units, units - remote);
+    w = measured_work(row_work(m.shape, par, launch_of(r)), r.value("rows", 0), units, units - remote);
   }
   return w;
 }
@@ -177,7 +185,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   for (const json& r : records) {
     if (r.value("system", "") != "comet") continue;
     const std::string layer = r.value("layer", "");
-    if (layer != "l0" && layer != "l1") continue;
+    if (launch_of(r) < 0) continue;
     const std::string gpu = r.value("gpu", "?"), lk = r.value("link", "host");
     if (r.value("routing", "") != "uniform") {
       // A skewed sweep gives the entries of its load class (> 1: what the device looks up); class 1
@@ -195,9 +203,12 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
       gemm_by_tile[model_key][r.value("model", "") + '|' + r.value("layout", "") + '|' +
                               std::to_string(r.value("tokens_per_rank", 0))][tile_n] = r;
     if (r.value("tile_run_only", false)) continue;  // --tile-runs: the tile-shape fit only
-    if (mode == "gemm_only" && tile_n == 256 && r.contains("tflops") && r["tflops"].is_number())
+    // The cost model is calibrated on the forward's layers (the backward's launches get table entries
+    // from their sweeps, and the model's rates where they have none).
+    const bool calibrates = launch_of(r) < 2;
+    if (calibrates && mode == "gemm_only" && tile_n == 256 && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
-    if (mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
+    if (calibrates && mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
       link[model_key].push_back(r["gb_s"].get<double>());
       comm_runs[model_key].push_back(r);
     }
@@ -256,7 +267,7 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
     if (r.value("system", "") != "comet" || r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
     if (r.value("tile_n", 256) != 256) continue;  // the n_comm sweeps are of 128x256 tiles
     const std::string layer = r.value("layer", "");
-    if (layer != "l0" && layer != "l1") continue;
+    if (launch_of(r) < 0) continue;
     const std::string id = r.value("model", "") + ' ' + r.value("layout", "") + ' ' + r.value("link", "") + ' ' +
                            r.value("routing", "") + " T=" +
                            std::to_string(r.value("tokens_per_rank", 0)) + ' ' + layer;
@@ -315,7 +326,7 @@ std::string measure(const Args& a) {
   const std::string out = (std::filesystem::temp_directory_path() / ("comet-tune-" + std::to_string(getpid()) + ".json")).string();
   const std::vector<std::string> args{"--models",  a.model,   "--layouts", a.layout, "--links",  a.link,
                                       "--routings", a.routings, "--tokens", a.tokens, "--n-comm", a.n_comm,
-                                      "--systems", "comet",    "--layers",  "l0,l1",  "--comm-all", "--out", out};
+                                      "--systems", "comet",    "--layers",  a.layers, "--comm-all", "--out", out};
   std::fprintf(stderr, "comet-tune: measuring with the benchmark's sweep (its progress follows)\n");
   COMET_REQUIRE(bench::run_sweep(args) == 0, "comet-tune: the benchmark sweep failed");
   return out;
@@ -378,6 +389,7 @@ int main(int argc, char** argv) {
     else if (s == "--tokens") a.tokens = value();
     else if (s == "--n-comm") a.n_comm = value();
     else if (s == "--routings") a.routings = value();
+    else if (s == "--layers") a.layers = value();
     else if (s == "--sms") a.sms = std::atoi(value().c_str());
     else if (s == "--lookup-overhead") a.lookup_overhead = true;
     else if (s == "--where") {

@@ -43,7 +43,10 @@ CaseCost estimate_case(const BenchOptions& o, const MoeShape& shape, const Paral
   // The backward's launches are timed like the forward's layers of their kind (l2 pulls like l0, l3
   // combines like l1; their GEMMs are as large or smaller): counted as one more of each.
   const int l0 = o.has_layer("l0") + o.has_layer("l2"), l1 = o.has_layer("l1") + o.has_layer("l3");
-  auto fused = [&](double g, int n) { return std::max(g * kResidentBlocks / double(kResidentBlocks - n), comm_ms(bytes, link, n)); };
+  auto fused = [&](double g, int n) {  // n 0: the sequential mode, a pull on every block then the GEMM
+    if (n == 0) return g + comm_ms(bytes, link, kResidentBlocks);
+    return std::max(g * kResidentBlocks / double(kResidentBlocks - n), comm_ms(bytes, link, n));
+  };
   if (cublas || seq || chunked) ms += 2 * ((l0 ? c.gemm0_ms : 0) + (l1 ? c.gemm1_ms : 0));  // both cuBLAS paths
   double best0 = 1e30, best1 = 1e30;
   for (int n : o.n_comm) {

@@ -94,17 +94,7 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   l.hid = s.hid;
   l.gate_partials = s.gate_partials;
   l.gate_blocks = gate_blocks();
-  l.dispatch = kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, rank)),
-                                     static_cast<__nv_bfloat16*>(s.grad_rows),
-                                     shape_.hidden,
-                                     shape_.topk,
-                                     kTileM,
-                                     s.plan.view(),
-                                     s.sync.tile_arrived,
-                                     s.sync.tile_ready,
-                                     -1,
-                                     -1,
-                                     options_.dispatch_store_lag};
+  l.dispatch = dispatch_args(s, s.grad_rows, UnitRange{});
   l.split = grid_split(s, planned, mode, 2);
   s.grad_gate_blocks = (l.ffn_shard + d.tile_n - 1) / d.tile_n;
   if (d.schedule == Schedule::sequential) {  // as the forward's layer 0: the pull first, on the whole GPU
@@ -142,18 +132,29 @@ void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions
   grad_weights0_on(state(rank), g, o, state(rank).stream);
 }
 
+// dW1_e = G_e^T (g h)_e: P = G [rows][H], Q = the gated hidden rows [rows][F_s].
 void MoeEngine::grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream) {
+  weight_grad(s, s.grad_rows, shape_.hidden, s.hid, par_.ffn_shard(shape_), g.dw1, o, stream);
+}
+
+// dW0_e = dPre_e^T A_e: P = dPre [rows][N0_s] (over the pre-activations since grad_layer1), Q = A [rows][H].
+void MoeEngine::grad_weights0_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream) {
+  weight_grad(s, s.pre, w0_shard_rows(), s.a, shape_.hidden, g.dw0, o, stream);
+}
+
+void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const void* q, int q_cols, void* out,
+                            const BackwardOptions& o, cudaStream_t stream) const {
   const PlanView plan = s.plan.view();
   kernels::WeightGradLaunch l;
-  l.p = s.grad_rows;
-  l.p_cols = shape_.hidden;
-  l.q = s.hid;
-  l.q_cols = par_.ffn_shard(shape_);
+  l.p = p;
+  l.p_cols = p_cols;
+  l.q = q;
+  l.q_cols = q_cols;
   l.rows_cap = cap_.max_rows_per_rank;
   l.experts = par_.local_experts(shape_);
   l.expert_offset = plan.expert_offset;
   l.expert_rows = plan.expert_rows;
-  l.out = g.dw1;
+  l.out = out;
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
   kernels::launch_weight_grad(l, stream);
@@ -175,21 +176,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   l.rows_cap = cap_.max_rows_per_rank;
   l.y = s.y;
   l.tile_done = s.sync.tile_done;
-  l.combine = kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
-                                   reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, rank)),
-                                   static_cast<__nv_bfloat16*>(s.self_partial),
-                                   H,
-                                   shape_.topk,
-                                   kTileM,
-                                   d.tile_n,
-                                   (H + d.tile_n - 1) / d.tile_n,
-                                   cap_.max_tokens_per_rank,
-                                   rank,
-                                   s.plan.view(),
-                                   s.sync.tile_done,
-                                   -1,
-                                   -1,
-                                   /*unit_weights=*/true};
+  l.combine = combine_args(s, d.tile_n, UnitRange{}, /*unit_weights=*/true);
   l.split = grid_split(s, planned, mode, 3);
   if (d.schedule == Schedule::sequential) {  // as the forward's layer 1: the combine after the GEMM
     l.split.mode = LayerMode::gemm_only;
@@ -200,44 +187,12 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   kernels::launch_grad_layer0(l, s.stream);
 }
 
-void MoeEngine::grad_weights0_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream) {
-  const PlanView plan = s.plan.view();
-  kernels::WeightGradLaunch l;
-  l.p = s.pre;  // dPre since grad_layer1
-  l.p_cols = w0_shard_rows();
-  l.q = s.a;
-  l.q_cols = shape_.hidden;
-  l.rows_cap = cap_.max_rows_per_rank;
-  l.experts = par_.local_experts(shape_);
-  l.expert_offset = plan.expert_offset;
-  l.expert_rows = plan.expert_rows;
-  l.out = g.dw0;
-  l.out_f32 = o.grad_type == GradType::f32;
-  l.accumulate = o.accumulate;
-  kernels::launch_weight_grad(l, stream);
-}
-
 void MoeEngine::finish_grad(int rank, const RankGrad& g) {
   RankState& s = state(rank);
   // The routing as the forward staged it (int32 ids): the caller's ids need not live this long.
   const RoutingBufferLayout layout{cap_.max_tokens_per_rank, shape_.topk};
   const int32_t* ids = layout.view(team_.local_ptr(routing_sym_, rank)).ids;
-  kernels::FinalReduceArgs f{};
-  f.recv = static_cast<const __nv_bfloat16*>(team_.local_ptr(recv_sym_, rank));
-  f.self_partial = static_cast<const __nv_bfloat16*>(s.self_partial);
-  f.ids = ids;
-  f.ids_64 = false;
-  f.out = static_cast<__nv_bfloat16*>(g.dx);
-  f.tokens = s.tokens;
-  f.hidden = shape_.hidden;
-  f.topk = shape_.topk;
-  f.max_tokens = cap_.max_tokens_per_rank;
-  f.world = par_.world();
-  f.tp = par_.tp;
-  f.rank = rank;
-  f.local_experts = par_.local_experts(shape_);
-  f.num_experts = shape_.num_experts;
-  kernels::final_reduce(f, s.stream);
+  kernels::final_reduce(final_reduce_args(s, ids, /*ids_64=*/false, g.dx, s.tokens), s.stream);
 
   kernels::ReduceGateGradsArgs r{};
   r.recv = static_cast<const float*>(team_.local_ptr(gate_recv_sym_, rank));

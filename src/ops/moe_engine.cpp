@@ -271,17 +271,7 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   l.hid_ld = par_.ffn_shard(shape_);
   l.pre = s.pre;  // training: keep the pre-activations
   l.act = kernels::epilogue_op(shape_.act);
-  l.dispatch = kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, rank)),
-                                     static_cast<__nv_bfloat16*>(s.a),
-                                     shape_.hidden,
-                                     shape_.topk,
-                                     kTileM,
-                                     s.plan.view(),
-                                     s.sync.tile_arrived,
-                                     s.sync.tile_ready,
-                                     units.begin,
-                                     units.end,
-                                     options_.dispatch_store_lag};
+  l.dispatch = dispatch_args(s, s.a, units);
   l.split = grid_split(s, planned, mode, 0);
   if (d.schedule == Schedule::sequential) {
     // The pull runs first, as its own launch over the whole GPU; with one rank there is nothing to pull.
@@ -312,20 +302,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   l.rows_cap = cap_.max_rows_per_rank;
   l.y = s.y;
   l.tile_done = s.sync.tile_done;
-  l.combine = kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
-                                   reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, rank)),
-                                   static_cast<__nv_bfloat16*>(s.self_partial),
-                                   H,
-                                   shape_.topk,
-                                   kTileM,
-                                   d.tile_n,
-                                   (H + d.tile_n - 1) / d.tile_n,
-                                   cap_.max_tokens_per_rank,
-                                   rank,
-                                   s.plan.view(),
-                                   s.sync.tile_done,
-                                   units.begin,
-                                   units.end};
+  l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/false);
   l.split = grid_split(s, planned, mode, 1);
   if (d.schedule == Schedule::sequential) {
     // No comm blocks inside the GEMM: the combine runs as a second launch over the whole GPU.
@@ -341,22 +318,60 @@ void MoeEngine::finish(int rank, const RankBatch& b) {
   RankState& s = state(rank);
   // The layer ran on its own hidden rows (and, training, kept its pre-activations): a backward may follow.
   s.saved = options_.training && s.hid_call == s.hid;
+  kernels::final_reduce(final_reduce_args(s, b.ids, b.ids_type == IdType::i64, b.out, b.tokens), s.stream);
+}
+
+kernels::DispatchArgs MoeEngine::dispatch_args(const RankState& s, void* rows, UnitRange units) const {
+  return kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, s.rank)),
+                               static_cast<__nv_bfloat16*>(rows),
+                               shape_.hidden,
+                               shape_.topk,
+                               kTileM,
+                               s.plan.view(),
+                               s.sync.tile_arrived,
+                               s.sync.tile_ready,
+                               units.begin,
+                               units.end,
+                               options_.dispatch_store_lag};
+}
+
+kernels::CombineArgs MoeEngine::combine_args(const RankState& s, int tile_n, UnitRange units, bool unit_weights) const {
+  const int H = shape_.hidden;
+  return kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
+                              reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, s.rank)),
+                              static_cast<__nv_bfloat16*>(s.self_partial),
+                              H,
+                              shape_.topk,
+                              kTileM,
+                              tile_n,
+                              (H + tile_n - 1) / tile_n,
+                              cap_.max_tokens_per_rank,
+                              s.rank,
+                              s.plan.view(),
+                              s.sync.tile_done,
+                              units.begin,
+                              units.end,
+                              unit_weights};
+}
+
+kernels::FinalReduceArgs MoeEngine::final_reduce_args(const RankState& s, const void* ids, bool ids_64, void* out,
+                                                      int tokens) const {
   kernels::FinalReduceArgs f{};
-  f.recv = static_cast<const __nv_bfloat16*>(team_.local_ptr(recv_sym_, rank));
+  f.recv = static_cast<const __nv_bfloat16*>(team_.local_ptr(recv_sym_, s.rank));
   f.self_partial = static_cast<const __nv_bfloat16*>(s.self_partial);
-  f.ids = b.ids;
-  f.ids_64 = b.ids_type == IdType::i64;
-  f.out = static_cast<__nv_bfloat16*>(b.out);
-  f.tokens = b.tokens;
+  f.ids = ids;
+  f.ids_64 = ids_64;
+  f.out = static_cast<__nv_bfloat16*>(out);
+  f.tokens = tokens;
   f.hidden = shape_.hidden;
   f.topk = shape_.topk;
   f.max_tokens = cap_.max_tokens_per_rank;
   f.world = par_.world();
   f.tp = par_.tp;
-  f.rank = rank;
+  f.rank = s.rank;
   f.local_experts = par_.local_experts(shape_);
   f.num_experts = shape_.num_experts;
-  kernels::final_reduce(f, s.stream);
+  return f;
 }
 
 void MoeEngine::run(const std::vector<RankBatch>& batches, Part part) {

@@ -19,6 +19,7 @@
 #include "comet/device_plan.hpp"
 #include "comet/fused_moe.hpp"
 #include "kernels/fused_layers.hpp"
+#include "kernels/local_rows.hpp"
 #include "tune/launch_planner.hpp"
 
 namespace comet {
@@ -127,6 +128,14 @@ class MoeEngine {
   int w0_shard_rows() const;  // N0_s: W0 rows per local expert (2 F_s for swiglu)
   // The planner's launch for the backward of `layer` (launch id 2 for layer 1, 3 for layer 0).
   void grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
+  // out_e = P_e^T Q_e over the plan's expert rows of P [rows_cap][p_cols] and Q [rows_cap][q_cols].
+  void weight_grad(const RankState& s, const void* p, int p_cols, const void* q, int q_cols, void* out,
+                   const BackwardOptions& o, cudaStream_t stream) const;
+  // The comm roles' arguments and the final reduce's, over the rank's buffers.
+  kernels::DispatchArgs dispatch_args(const RankState& s, void* rows, UnitRange units) const;
+  kernels::CombineArgs combine_args(const RankState& s, int tile_n, UnitRange units, bool unit_weights) const;
+  kernels::FinalReduceArgs final_reduce_args(const RankState& s, const void* ids, bool ids_64, void* out,
+                                             int tokens) const;
   void grad_weights0_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
   const PlannedLaunch& grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const;
   // The grid split of a launch of `layer` on a rank, from the planner's decision.

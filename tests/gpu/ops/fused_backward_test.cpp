@@ -14,6 +14,7 @@
 #include "harness/moe_problem.hpp"
 #include "ops/moe_engine.hpp"
 #include "support/expect_invalid.hpp"
+#include "support/layer_checks.hpp"
 
 using namespace comet;
 using namespace comet::testing;
@@ -163,32 +164,8 @@ struct Harness {
   }
 };
 
-// Relative errors. The GPU rounds G, the saved hidden rows and pre-activations, dPre and dA to bf16
-// (8 bits of mantissa: a relative rounding of 2^-9 per value) and sums in fp32; the reference is fp32
-// throughout. Errors of a few bf16 roundings compounded over the two GEMMs: 2e-2 on whole arrays, more
-// room on single rows, which may be small sums of cancelling terms.
-void expect_gradients_match(const Harness& h) {
-  const auto got = h.gradients();
-  const auto ref = h.reference();
-  const int W = h.c.par.world();
-  for (int r = 0; r < W; ++r) {
-    if (h.c.tokens[r] == 0) continue;
-    EXPECT_LT(relative_error(got.dx[r], ref.dx[r]), 2e-2) << "dx, rank " << r;
-    EXPECT_LT(worst_row_error(got.dx[r], ref.dx[r], h.c.shape.hidden), 6e-2) << "dx, rank " << r;
-    EXPECT_LT(relative_error(got.dgates[r], ref.dgates[r]), 2e-2) << "dgates, rank " << r;
-  }
-  EXPECT_LT(relative_error(got.dw0, ref.dw0), 2e-2) << "dW0";
-  EXPECT_LT(relative_error(got.dw1, ref.dw1), 2e-2) << "dW1";
-  // An expert that no token chose has zero gradients, exactly.
-  const MoeShape& s = h.c.shape;
-  const size_t per0 = size_t(s.w0_rows()) * s.hidden, per1 = size_t(s.hidden) * s.ffn;
-  for (int e = 0; e < s.num_experts; ++e) {
-    bool ref_zero = true;
-    for (size_t i = 0; i < per1 && ref_zero; ++i) ref_zero = ref.dw1[e * per1 + i] == 0.f;
-    if (!ref_zero) continue;
-    for (size_t i = 0; i < per0; ++i) ASSERT_EQ(got.dw0[e * per0 + i], 0.f) << "dW0 of unused expert " << e;
-    for (size_t i = 0; i < per1; ++i) ASSERT_EQ(got.dw1[e * per1 + i], 0.f) << "dW1 of unused expert " << e;
-  }
+void check_gradients(const Harness& h) {
+  comet::testing::expect_gradients_match(h.problem, h.reference(), h.gradients(), std::string("fused backward, ") + h.c.name);
 }
 
 class FusedBackwardCase : public ::testing::TestWithParam<BwdCase> {};
@@ -196,7 +173,7 @@ class FusedBackwardCase : public ::testing::TestWithParam<BwdCase> {};
 TEST_P(FusedBackwardCase, MatchesReference) {
   Harness h(GetParam());
   h.run();
-  expect_gradients_match(h);
+  check_gradients(h);
 }
 
 const MoeShape kSmallSwiglu{256, 512, 8, 2, Activation::swiglu};
@@ -233,7 +210,7 @@ TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
   Harness h(c);
   h.run_steps(forced(256, 2), forced(256, 4));
   const auto first = h.gradients();
-  expect_gradients_match(h);
+  check_gradients(h);
   auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
   };

@@ -103,6 +103,35 @@ def test_autograd_runs_moe_backward_and_returns_each_inputs_gradient(handle):
         assert dx[0].shape == (3, 64) and dgates[0].shape == (3, 2) and dgates[0].dtype == torch.float32
 
 
+def test_eager_autograd_path_wires_the_same_kernels(handle, monkeypatch):
+    """FusedMoE's eager training path (ops._EagerMoeForward, no dispatcher) calls the op's forward and
+    backward kernels with what the op's autograd formula passes, and hands each input its gradient."""
+    h = handle()
+    calls = {}
+
+    def forward(x, ids, gates, w0, w1, hd):
+        calls["forward"] = (len(x), hd)
+        return ops._moe_forward_fake(x, ids, gates, w0, w1, hd)
+
+    def backward(dout, w0, w1, hd):
+        calls["backward"] = ([d.dtype for d in dout], w0, w1, hd)
+        return tuple(ops._backward_outputs(dout, w0, w1, 2))
+
+    monkeypatch.setattr(ops, "_moe_forward_cuda", forward)
+    monkeypatch.setattr(ops, "_moe_backward_cuda", backward)
+    xs, ids, gates, w0, w1 = _fake_layer_inputs()
+    out = ops._EagerMoeForward.apply(h, 2, w0, w1, *xs, *ids, *gates)
+    assert calls["forward"] == (2, h) and [o.shape for o in out] == [x.shape for x in xs]
+    sum(o.float().sum() for o in out).backward()
+    dtypes, bw0, bw1, bh = calls["backward"]
+    assert dtypes == [torch.bfloat16, torch.bfloat16] and bw0 is w0 and bw1 is w1 and bh == h
+    for x, g in zip(xs, gates):
+        assert x.grad.shape == x.shape and x.grad.dtype == torch.bfloat16
+        assert g.grad.shape == g.shape and g.grad.dtype == torch.float32
+    assert w0.grad.shape == w0.shape and w1.grad.shape == w1.shape
+    assert all(i.grad is None for i in ids)
+
+
 def test_split_ops_backward_names_the_trainable_path(handle):
     h = handle()
     with FakeTensorMode():

@@ -16,6 +16,7 @@
 #include "comet/reference.hpp"
 #include "comet/weight_layout.hpp"
 #include "support/layer_checks.hpp"
+#include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
 
 using namespace comet;
@@ -122,10 +123,6 @@ TEST_P(BaselinesCase, MatchesReference) {
   }
 }
 
-const MoeShape kSmallSwiglu{256, 512, 8, 2, Activation::swiglu};
-const MoeShape kTop8{512, 256, 16, 8, Activation::swiglu};
-const MoeShape kGelu{384, 384, 8, 2, Activation::gelu};
-const MoeShape kSilu{256, 640, 4, 1, Activation::silu};
 const MoeShape kTop1E8{256, 512, 8, 1, Activation::swiglu};
 
 INSTANTIATE_TEST_SUITE_P(

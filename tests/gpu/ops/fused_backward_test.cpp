@@ -11,6 +11,7 @@
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "comet/weight_layout.hpp"
+#include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
 #include "ops/moe_engine.hpp"
 #include "support/expect_invalid.hpp"
@@ -176,10 +177,6 @@ TEST_P(FusedBackwardCase, MatchesReference) {
   check_gradients(h);
 }
 
-const MoeShape kSmallSwiglu{256, 512, 8, 2, Activation::swiglu};
-const MoeShape kTop8{512, 256, 16, 8, Activation::swiglu};
-const MoeShape kGelu{384, 384, 8, 2, Activation::gelu};
-const MoeShape kSilu{256, 640, 4, 1, Activation::silu};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, FusedBackwardCase,

@@ -13,6 +13,7 @@
 #include "comet/reference.hpp"
 #include "tune/adaptive_split.hpp"
 #include "support/layer_checks.hpp"
+#include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
 
 using namespace comet;
@@ -113,10 +114,6 @@ TEST_P(FusedMoeCase, MatchesReference) {
   check_layers(h);
 }
 
-const MoeShape kSmallSwiglu{256, 512, 8, 2, Activation::swiglu};
-const MoeShape kTop8{512, 256, 16, 8, Activation::swiglu};
-const MoeShape kGelu{384, 384, 8, 2, Activation::gelu};
-const MoeShape kSilu{256, 640, 4, 1, Activation::silu};
 
 INSTANTIATE_TEST_SUITE_P(
     Layouts, FusedMoeCase,

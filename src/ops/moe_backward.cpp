@@ -14,6 +14,7 @@
 #include "kernels/grad_rows.hpp"
 #include "kernels/local_rows.hpp"
 #include "ops/moe_engine.hpp"
+#include "ops/launch_schedule.hpp"
 #include "ops/rank_state.hpp"
 
 namespace comet {
@@ -97,15 +98,7 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   l.dispatch = dispatch_args(s, s.grad_rows, UnitRange{});
   l.split = grid_split(s, planned, mode, 2);
   s.grad_gate_blocks = (l.ffn_shard + d.tile_n - 1) / d.tile_n;
-  if (d.schedule == Schedule::sequential) {  // as the forward's layer 0: the pull first, on the whole GPU
-    if (par_.world() > 1) {
-      l.split.mode = LayerMode::comm_only;
-      l.split.n_comm = d.resident_blocks;
-      kernels::launch_grad_layer1(l, s.stream);
-    }
-    l.split.mode = LayerMode::gemm_only;
-  }
-  kernels::launch_grad_layer1(l, s.stream);
+  run_schedule(l, d, /*pull=*/true, par_.world(), [&](const auto& x) { kernels::launch_grad_layer1(x, s.stream); });
 }
 
 void MoeEngine::grad_gates(int rank, int blocks) {
@@ -178,13 +171,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   l.tile_done = s.sync.tile_done;
   l.combine = combine_args(s, d.tile_n, UnitRange{}, /*unit_weights=*/true);
   l.split = grid_split(s, planned, mode, 3);
-  if (d.schedule == Schedule::sequential) {  // as the forward's layer 1: the combine after the GEMM
-    l.split.mode = LayerMode::gemm_only;
-    kernels::launch_grad_layer0(l, s.stream);
-    l.split.mode = LayerMode::comm_only;
-    l.split.n_comm = d.resident_blocks;
-  }
-  kernels::launch_grad_layer0(l, s.stream);
+  run_schedule(l, d, /*pull=*/false, par_.world(), [&](const auto& x) { kernels::launch_grad_layer0(x, s.stream); });
 }
 
 void MoeEngine::finish_grad(int rank, const RankGrad& g) {

@@ -1,6 +1,7 @@
 // MoeEngine: buffers, validation and the launch sequence of the fused MoE layer (moe_engine.hpp). What
 // each launch looks like is the planner's decision (tune/launch_planner.hpp); this file executes it.
 #include "ops/moe_engine.hpp"
+#include "ops/launch_schedule.hpp"
 #include "ops/rank_state.hpp"
 
 #include <algorithm>
@@ -8,7 +9,6 @@
 
 #include "comet/cuda_check.hpp"
 #include "kernels/fused_layers.hpp"
-#include "kernels/grad_rows.hpp"
 #include "kernels/layer_sync.hpp"
 #include "kernels/local_rows.hpp"
 
@@ -273,16 +273,7 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   l.act = kernels::epilogue_op(shape_.act);
   l.dispatch = dispatch_args(s, s.a, units);
   l.split = grid_split(s, planned, mode, 0);
-  if (d.schedule == Schedule::sequential) {
-    // The pull runs first, as its own launch over the whole GPU; with one rank there is nothing to pull.
-    if (par_.world() > 1) {
-      l.split.mode = LayerMode::comm_only;
-      l.split.n_comm = d.resident_blocks;
-      kernels::launch_layer0(l, s.stream);
-    }
-    l.split.mode = LayerMode::gemm_only;
-  }
-  kernels::launch_layer0(l, s.stream);
+  run_schedule(l, d, /*pull=*/true, par_.world(), [&](const auto& x) { kernels::launch_layer0(x, s.stream); });
 }
 
 void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
@@ -304,14 +295,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   l.tile_done = s.sync.tile_done;
   l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/false);
   l.split = grid_split(s, planned, mode, 1);
-  if (d.schedule == Schedule::sequential) {
-    // No comm blocks inside the GEMM: the combine runs as a second launch over the whole GPU.
-    l.split.mode = LayerMode::gemm_only;
-    kernels::launch_layer1(l, s.stream);
-    l.split.mode = LayerMode::comm_only;
-    l.split.n_comm = d.resident_blocks;
-  }
-  kernels::launch_layer1(l, s.stream);
+  run_schedule(l, d, /*pull=*/false, par_.world(), [&](const auto& x) { kernels::launch_layer1(x, s.stream); });
 }
 
 void MoeEngine::finish(int rank, const RankBatch& b) {

@@ -1,0 +1,31 @@
+// How a launch decision runs: the fused schedule is one launch; the sequential schedule (n_comm 0) is
+// the communication and the GEMM as two launches, each over the whole GPU. A pull (layer 0 and the
+// backward of layer 1) runs before its GEMM, and not at all with one rank; a combine (layer 1 and the
+// backward of layer 0) runs after its GEMM. `launch(l)` launches the kernel with l.split as set.
+#pragma once
+
+#include "comet/variant.hpp"
+
+namespace comet {
+
+template <class Launch, class LaunchFn>
+void run_schedule(Launch& l, const LaunchDecision& d, bool pull, int world, LaunchFn&& launch) {
+  if (d.schedule == Schedule::sequential) {
+    if (pull) {
+      if (world > 1) {
+        l.split.mode = LayerMode::comm_only;
+        l.split.n_comm = d.resident_blocks;
+        launch(l);
+      }
+      l.split.mode = LayerMode::gemm_only;
+    } else {
+      l.split.mode = LayerMode::gemm_only;
+      launch(l);
+      l.split.mode = LayerMode::comm_only;
+      l.split.n_comm = d.resident_blocks;
+    }
+  }
+  launch(l);
+}
+
+}  // namespace comet

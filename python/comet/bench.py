@@ -5,9 +5,10 @@ For each case, three ways into the same forward:
   module   comet.MoELayer(x, ids, gates): checks, the custom op, allocation of the output
   op       torch.ops.comet.moe_forward: the dispatcher and the op's Python kernel
   ext      comet._C.FusedMoe.forward1: one nanobind call into C++ (the C++ API's cost plus ~1 us)
-host_us: wall time of one call on the host (median; the GPU is drained every few calls so the queue
-never blocks); gpu_ms: CUDA-event time per call over back-to-back calls. The Python overhead is
-host_us(module) - host_us(ext).
+host_us: wall time of one call on the host: rounds of a few calls each, started on an idle GPU (so the
+launch queue never blocks the host), the entries interleaved round by round (so drift of clocks and
+caches hits them alike); the median over rounds of the per-call time. gpu_ms: CUDA-event time per
+call over back-to-back calls. The Python overhead is host_us(module) - host_us(ext).
 
     python -m comet.bench [--tokens 128,4096] [--model mixtral|small] [--json out.json]
 """
@@ -28,16 +29,18 @@ MODELS = {  # hidden, ffn, experts, top-k
 }
 
 
-def host_us(fn, calls: int = 200, drain_every: int = 10) -> float:
-    times = []
-    for i in range(calls):
-        if i % drain_every == 0:
+def host_us(fns: dict, rounds: int = 150, calls: int = 4) -> dict:
+    """Median host time per call of each entry of fns, interleaved round by round."""
+    times = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) / calls)
     torch.cuda.synchronize()
-    return statistics.median(times) * 1e6
+    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
 
 
 def gpu_ms(fn, calls: int = 20) -> float:
@@ -77,13 +80,19 @@ def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
                        for x, i, g, o in zip(xs, ids, gates, outs)]
             weights = [(a.data_ptr(), b.data_ptr()) for a, b in zip(list(w0), list(w1))]
             ext = lambda: eng.native.forward(weights, batches, stream)  # noqa: E731
-        records = []
-        for name, fn in (("ext", ext), ("op", op), ("module", module)):
+        fns = {"ext": ext, "op": op, "module": module}
+        for fn in fns.values():
             for _ in range(3):
                 fn()
+        gpu = {name: gpu_ms(fn) for name, fn in fns.items()}
+        # About 10 s of GPU time per case: many rounds for small layers, at least 20 for large ones.
+        rounds = max(20, min(150, int(10e3 / (4 * sum(gpu.values())))))
+        host = host_us(fns, rounds=rounds)
+        records = []
+        for name in fns:
             records.append({"model": model, "layer": "fwd", "system": f"comet-{name}", "world": world, "ep": world,
                             "tp": 1, "link": link, "tokens_per_rank": tokens, "routing": "uniform",
-                            "host_us": host_us(fn), "median_ms": gpu_ms(fn),
+                            "host_us": host[name], "median_ms": gpu[name], "rounds": rounds,
                             "gpu": torch.cuda.get_device_name(), "entry": name})
     eng.synchronize()
     return records

@@ -29,8 +29,9 @@ class DevicePlan {
   // (num_units = num_tiles = 0) so that kernels that follow do nothing.
   void build(const void* const* peer_routing, cudaStream_t stream);
 
-  // Copies the status word to the host (synchronising `stream`) and throws DeviceReportedError
-  // with describe_plan_error()'s message if the build recorded an error.
+  // Copies the first error recorded since the last check to the host (synchronising `stream`); if
+  // there is one, clears it and throws DeviceReportedError with describe_plan_error()'s message.
+  // An error stays recorded through later good builds until a check reads it.
   void check(cudaStream_t stream) const;
 
   // Copies the whole plan to host memory (synchronises `stream`), for tests and debugging.

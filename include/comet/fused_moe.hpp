@@ -137,7 +137,11 @@ class FusedMoe {
   void backward(const std::vector<RankGrad>& grads, cudaStream_t stream = nullptr,
                 const BackwardOptions& options = {});
 
-  // Synchronises the local ranks and raises what the device reported (timeouts, bad routing).
+  // Synchronises the local ranks and raises what the device reported since the last check (timeouts,
+  // bad routing): the first error is kept through later calls until this reads it. A failed call
+  // writes NaN into its outputs (out; a backward's dx and dgates) on the ranks that saw the failure,
+  // never stale sums. After raising, the layer is ready for the next call: the error is cleared and
+  // every local rank's flags start afresh (a timed-out kernel may have left counts behind).
   void sync_and_check();
 
   // What the planner decided for the last launch of a layer on a local rank (tile, comm blocks,

@@ -112,7 +112,9 @@ struct RoutingBufferLayout {
 // Non-owning view of a plan's arrays (host or device memory). Sizes in brackets; E_l = local experts,
 // U = max_units, R = max_rows, M = max_tiles, k = top-k.
 struct PlanView {
-  int32_t* status = nullptr;            // [kPlanStatusWords]
+  int32_t* status = nullptr;            // [kPlanStatusWords] this build's result (0: ok; else the empty plan)
+  int32_t* first_error = nullptr;       // [kPlanStatusWords] the first failed build's status since the last
+                                        //   DevicePlan::check (sticky: a later good build keeps it)
   int32_t* src_tokens = nullptr;        // [W]        tokens owned by each source rank
   int32_t* expert_rows = nullptr;       // [E_l]      rows of each local expert
   int32_t* expert_offset = nullptr;     // [E_l + 1]  first row of each expert segment; [E_l] = padded total

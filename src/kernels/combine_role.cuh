@@ -29,7 +29,7 @@ constexpr int kCombineSliceBytes = 512;  // 256 columns of bf16: 32 lanes x 16 b
 
 // Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
 // The launcher checks that smem_bytes holds at least k slices x 2 per warp.
-__device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, int32_t epoch,
+__device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, Epoch epoch,
                                         bool wait_done, char* smem, int smem_bytes, const TeamDeviceView& team) {
   constexpr int kChunk = 256;  // columns per item
   const int k = c.topk;

@@ -175,7 +175,7 @@ __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int s
 }
 
 // The publisher warp: counts rows of completed units into their tiles, releases complete tiles.
-__device__ inline void publish_rows(const DispatchArgs& d, int count, int32_t epoch, const dispatch::Smem& sm,
+__device__ inline void publish_rows(const DispatchArgs& d, int count, Epoch epoch, const dispatch::Smem& sm,
                                     const TeamDeviceView& team) {
   using namespace dispatch;
   const int lane = threadIdx.x % 32;
@@ -204,12 +204,14 @@ __device__ inline void publish_rows(const DispatchArgs& d, int count, int32_t ep
 }
 
 // Called by every thread of a comm block.
-__device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, int n_comm, int32_t epoch,
+__device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, int n_comm, Epoch epoch,
                                          char* smem, int smem_bytes, const TeamDeviceView& team) {
   using namespace dispatch;
   const Smem sm{smem};
   const int warp = threadIdx.x / 32;
-  const int begin = d.unit_begin >= 0 ? d.unit_begin : *d.plan.num_local_units;
+  // Never the local units (scatter_local copies them): their rows are not in tile_remote_rows, and
+  // counting them would release tiles early.
+  const int begin = max(d.unit_begin, *d.plan.num_local_units);
   const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
   const int first = begin + comm_index;
   const int count = max(0, (end - first + n_comm - 1) / n_comm);

@@ -98,7 +98,7 @@ void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
 
 // Layer 1's kernel: y = A B_e with A [rows_cap][k], B [experts] x (H, k), + the combine of y.
 template <class Cfg>
-void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int rows_cap, void* y, int32_t* tile_done,
+void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int rows_cap, void* y, Epoch* tile_done,
                           const CombineArgs& combine, const GridSplit& split, cudaStream_t stream) {
   const LaunchLimits lim = layer1_limits_for<Cfg>();
   Layer1Params<Cfg> p{};

@@ -37,7 +37,7 @@ inline bool is_supported_tile_n(int tile_n, int layer) {
 // How a launch splits its persistent grid and whom it reports to, the same for both layers (the
 // engine fills it from the planner's decision).
 struct GridSplit {
-  const int32_t* epoch = nullptr;  // the rank's generation: flags compare with it
+  const Epoch* epoch = nullptr;    // the rank's generation: flags compare with it
   int n_comm = 0;                  // comm blocks (the host's; with adapt.enabled the kernel re-picks it)
   AdaptiveSplit adapt;             // fused mode with comm blocks only
   int m_group = 16;
@@ -68,7 +68,7 @@ struct Layer1Launch {
   int experts = 0;
   int rows_cap = 0;
   void* y = nullptr;  // [rows_cap][hidden]
-  int32_t* tile_done = nullptr;
+  Epoch* tile_done = nullptr;
   CombineArgs combine;  // combine.y == y
   GridSplit split;
 };
@@ -102,7 +102,7 @@ struct GradLayer0Launch {
   int experts = 0;
   int rows_cap = 0;
   void* y = nullptr;  // [rows_cap][hidden]
-  int32_t* tile_done = nullptr;
+  Epoch* tile_done = nullptr;
   CombineArgs combine;
   GridSplit split;
 };

@@ -36,7 +36,12 @@ __global__ void ship_gate_grads_kernel(ShipGateGradsArgs a) {
 
 __global__ void reduce_gate_grads_kernel(ReduceGateGradsArgs a) {
   const long long n = (long long)a.tokens * a.topk;
+  const bool failed = call_failed(a.failure);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+    if (failed) {
+      a.dgates[i] = __int_as_float(0x7FC00000);  // quiet NaN
+      continue;
+    }
     const long long e = a.ids_64 ? static_cast<const int64_t*>(a.ids)[i] : static_cast<const int32_t*>(a.ids)[i];
     float sum = 0.f;
     if (e >= 0 && e < a.num_experts) {  // bad ids: the plan reports them

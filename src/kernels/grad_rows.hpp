@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "comet/plan.hpp"
+#include "kernels/local_rows.hpp"
 
 namespace comet::kernels {
 
@@ -32,6 +33,7 @@ struct ReduceGateGradsArgs {
   bool ids_64;
   float* dgates;      // [tokens][k]
   int tokens, topk, max_tokens, tp, local_experts, num_experts;
+  CallFailure failure;  // a failed call's dgates are NaN
 };
 void reduce_gate_grads(const ReduceGateGradsArgs& args, cudaStream_t stream);
 

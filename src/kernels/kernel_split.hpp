@@ -9,7 +9,7 @@ namespace comet::kernels {
 // comm blocks leave (grid = resident capacity, one block per SM); in fused mode they wait on the comm
 // role's flags, in gemm_only / comm_only mode one role runs alone.
 struct KernelSplit {
-  const int32_t* epoch;
+  const Epoch* epoch;
   int n_comm;     // the host's; with adapt.enabled the kernel re-picks it (adaptive_split.hpp)
   int n_compute;  // grid = n_comm + n_compute
   AdaptiveSplit adapt;

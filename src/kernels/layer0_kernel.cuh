@@ -55,7 +55,7 @@ struct Layer0Schedule {
 template <class Cfg, class Epi>
 struct Layer0Hooks {
   const Layer0Params<Cfg, Epi>& p;
-  int32_t epoch;
+  Epoch epoch;
 
   // Whole producer warp: lane 0 waits for the tile's remote rows; then every lane orders its later
   // TMA (async proxy) reads after the rows the comm blocks wrote.
@@ -78,7 +78,7 @@ struct Layer0Hooks {
 template <class Cfg, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg, Epi> p) {
   extern __shared__ __align__(1024) char smem[];
-  const int32_t epoch = *p.split.epoch;
+  const Epoch epoch = *p.split.epoch;
   const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
   if (int(blockIdx.x) < n_comm) {

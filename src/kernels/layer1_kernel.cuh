@@ -23,7 +23,7 @@ struct Layer1Params {
   GemmExtents ext;  // rows_cap, n = H, k = F shard, experts
   CombineArgs combine;
   __nv_bfloat16* y;
-  int32_t* tile_done;
+  Epoch* tile_done;
   KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
 };
 
@@ -52,7 +52,7 @@ struct Layer1Schedule {
 template <class Cfg>
 struct Layer1Hooks {
   const Layer1Params<Cfg>& p;
-  int32_t epoch;
+  Epoch epoch;
   int n_blocks;
 
   __device__ void before_load(const TileCoord&, int) {}
@@ -71,7 +71,7 @@ struct Layer1Hooks {
 template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_constant__ Layer1Params<Cfg> p) {
   extern __shared__ __align__(1024) char smem[];
-  const int32_t epoch = *p.split.epoch;
+  const Epoch epoch = *p.split.epoch;
   const int n_comm = adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
   if (int(blockIdx.x) < n_comm) {

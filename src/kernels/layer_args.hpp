@@ -10,6 +10,10 @@
 
 namespace comet::kernels {
 
+// A rank's call generation, and what the tile flags hold: 64 bits, so that ">= this call's epoch" never
+// wraps (2^64 calls), not even for a flag that no call has touched for billions of calls.
+using Epoch = uint64_t;
+
 // What the GEMM epilogue applies before storing bf16: the expert activation (layer 0) or nothing.
 enum class EpilogueOp : int { none = -1, swiglu = 0, gelu = 1, silu = 2 };
 
@@ -31,7 +35,7 @@ struct DispatchArgs {
   int tile_m;
   PlanView plan;
   int32_t* tile_arrived;  // [max_tiles] remote rows landed so far in this call (self-resetting)
-  int32_t* tile_ready;    // [max_tiles] epoch of the last call whose rows are all in
+  Epoch* tile_ready;      // [max_tiles] epoch of the last call whose rows are all in
   int unit_begin;         // units to pull: [unit_begin, unit_end); -1: the plan's remote units
   int unit_end;
   int store_lag;          // bulk-store groups in flight before a unit is published: 1, 2, 4 or 8
@@ -50,7 +54,7 @@ struct CombineArgs {
   int max_tokens; // T_cap
   int rank;
   PlanView plan;
-  const int32_t* tile_done;  // [max_tiles * n_blocks] epoch of the last call that finished (m, n)
+  const Epoch* tile_done;    // [max_tiles * n_blocks] epoch of the last call that finished (m, n)
   int unit_begin;            // units to ship: [unit_begin, unit_end); -1: all of the plan's units
   int unit_end;
   bool unit_weights = false;  // the backward of dispatch: rows summed with weight 1, not their gates

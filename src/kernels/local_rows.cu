@@ -17,7 +17,7 @@
 namespace comet::kernels {
 namespace {
 
-__global__ void advance_epoch_kernel(int32_t* epoch) { *epoch += 1; }
+__global__ void advance_epoch_kernel(uint64_t* epoch) { *epoch += 1; }
 __global__ void store_word_kernel(int32_t* word, int32_t value) { *word = value; }
 
 // One warp per (local unit, slot): 16-byte copies of the token's row.
@@ -38,11 +38,18 @@ __global__ void scatter_local_kernel(const __nv_bfloat16* x, __nv_bfloat16* a, i
 
 // One thread per (token, 8 columns). Rank q sent a partial for token t iff q's EP group holds one of
 // t's experts (all TP ranks of that group did).
+// A failed call (CallFailure) writes NaN rows: never the previous call's partials as a result.
 __global__ void final_reduce_kernel(FinalReduceArgs r) {
   const int chunks = r.hidden / 8;
   const long long n = (long long)r.tokens * chunks;
+  const bool failed = call_failed(r.failure);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const int t = int(i / chunks), c = int(i % chunks);
+    if (failed) {
+      const uint4 nan8 = make_uint4(0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u, 0x7FC07FC0u);  // bf16 quiet NaN x 8
+      reinterpret_cast<uint4*>(r.out + size_t(t) * r.hidden)[c] = nan8;
+      continue;
+    }
     uint32_t groups = 0;  // bit g: EP group g holds one of t's experts (ep <= 32, checked on the host)
     for (int j = 0; j < r.topk; ++j) {
       const size_t slot = size_t(t) * r.topk + j;
@@ -77,7 +84,7 @@ int grid_for(long long work, int threads) {
 
 }  // namespace
 
-void advance_epoch(int32_t* epoch, cudaStream_t stream) {
+void advance_epoch(uint64_t* epoch, cudaStream_t stream) {
   advance_epoch_kernel<<<1, 1, 0, stream>>>(epoch);
   COMET_CUDA_CHECK_LAUNCH();
 }

@@ -8,7 +8,21 @@
 
 namespace comet::kernels {
 
-void advance_epoch(int32_t* epoch, cudaStream_t stream);
+// The rank's call generation + 1, on the stream (kernels/layer_sync.hpp).
+void advance_epoch(uint64_t* epoch, cudaStream_t stream);
+
+// Where a rank learns that its call failed: the plan build's status (routing refused: the plan is
+// empty) and the rank's team status (a bounded wait timed out, the rank aborted). The kernels that
+// write the layer's outputs read both and write NaN instead of stale or partial sums.
+struct CallFailure {
+  const int32_t* plan_status = nullptr;  // PlanView::status[0] of the call's plan
+  const int32_t* team_code = nullptr;    // DeviceStatus::code of the rank
+};
+#ifdef __CUDACC__
+__device__ inline bool call_failed(const CallFailure& f) {
+  return (f.plan_status && *f.plan_status != 0) || (f.team_code && *(volatile const int32_t*)f.team_code != 0);
+}
+#endif
 
 // *word = value, on the stream (a host value into device or mapped memory without a host sync).
 void store_word(int32_t* word, int32_t value, cudaStream_t stream);
@@ -30,6 +44,7 @@ struct FinalReduceArgs {
   __nv_bfloat16* out;                 // [tokens][H]
   int tokens, hidden, topk, max_tokens;
   int world, tp, rank, local_experts, num_experts;
+  CallFailure failure;  // a failed call's out is NaN
 };
 void final_reduce(const FinalReduceArgs& args, cudaStream_t stream);
 

@@ -192,6 +192,7 @@ void MoeEngine::finish_grad(int rank, const RankGrad& g) {
   r.tp = par_.tp;
   r.local_experts = par_.local_experts(shape_);
   r.num_experts = shape_.num_experts;
+  r.failure = call_failure(s);
   kernels::reduce_gate_grads(r, s.stream);
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <exception>
 
 #include "comet/cuda_check.hpp"
 #include "kernels/fused_layers.hpp"
@@ -128,8 +129,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     s->hid_call = s->hid;
     s->y = alloc(*s, size_t(rows) * row_bytes);
     s->self_partial = alloc(*s, size_t(T) * row_bytes);
-    s->sync = kernels::LayerSync::carve(
-        static_cast<int32_t*>(alloc(*s, kernels::LayerSync::words(max_tiles, max_n_blocks) * 4)), max_tiles);
+    s->sync_bytes = kernels::LayerSync::bytes(max_tiles, max_n_blocks);
+    s->sync = kernels::LayerSync::carve(alloc(*s, s->sync_bytes), max_tiles, max_n_blocks);
     s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, kLaunchLayers * 4));
     if (options_.training) {
       int least = 0, greatest = 0;
@@ -221,6 +222,32 @@ void MoeEngine::advance_epoch(int rank) {
   kernels::advance_epoch(s.sync.epoch, s.stream);
 }
 
+void MoeEngine::poison_buffers(int rank) {
+  RankState& s = state(rank);
+  const size_t rows = size_t(cap_.max_rows_per_rank), H = size_t(shape_.hidden), T = size_t(cap_.max_tokens_per_rank);
+  auto fill = [&](void* p, size_t bytes) {
+    if (p) COMET_CUDA_CHECK(cudaMemsetAsync(p, 0xFF, bytes, s.stream));
+  };
+  fill(s.a, rows * H * 2);
+  fill(s.hid, rows * par_.ffn_shard(shape_) * 2);
+  fill(s.y, rows * H * 2);
+  fill(s.self_partial, T * H * 2);
+  fill(team_.local_ptr(recv_sym_, rank), size_t(par_.world()) * T * H * 2);
+  if (options_.training) {
+    fill(s.pre, rows * w0_shard_rows() * 2);
+    fill(s.grad_rows, rows * H * 2);
+    fill(s.gate_partials, rows * gate_blocks() * sizeof(float));
+    fill(team_.local_ptr(gate_recv_sym_, rank), size_t(par_.world()) * T * shape_.topk * sizeof(float));
+  }
+  COMET_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
+void MoeEngine::set_epoch(int rank, uint64_t epoch) {
+  RankState& s = state(rank);
+  COMET_CUDA_CHECK(cudaMemcpyAsync(s.sync.epoch, &epoch, sizeof(epoch), cudaMemcpyHostToDevice, s.stream));
+  COMET_CUDA_CHECK(cudaStreamSynchronize(s.stream));
+}
+
 const LaunchDecision& MoeEngine::decision(int layer, int rank, LayerMode mode, const LayerRequest& request) const {
   return planner_.plan(layer, mode, state(rank).tokens, request).decision;
 }
@@ -255,8 +282,18 @@ kernels::GridSplit MoeEngine::grid_split(const RankState& s, const PlannedLaunch
   return g;
 }
 
+namespace {
+// A unit range is clamped to the plan's units on the device (the host does not know how many there
+// are); here only its form: both ends set, begin <= end.
+void check_units(UnitRange units, LayerMode mode, const char* layer) {
+  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe ", layer, ": a unit range needs comm_only mode");
+  COMET_REQUIRE(units.all() || (units.begin >= 0 && units.end >= units.begin), "FusedMoe ", layer, ": unit range [",
+                units.begin, ", ", units.end, ") is not a range");
+}
+}  // namespace
+
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
-  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 0: a unit range needs comm_only mode");
+  check_units(units, mode, "layer 0");
   RankState& s = state(rank);
   const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, request);
   const LaunchDecision& d = planned.decision;
@@ -277,7 +314,7 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
 }
 
 void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
-  COMET_REQUIRE(units.all() || mode == LayerMode::comm_only, "FusedMoe layer 1: a unit range needs comm_only mode");
+  check_units(units, mode, "layer 1");
   RankState& s = state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
   const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, request);
@@ -338,6 +375,10 @@ kernels::CombineArgs MoeEngine::combine_args(const RankState& s, int tile_n, Uni
                               unit_weights};
 }
 
+kernels::CallFailure MoeEngine::call_failure(const RankState& s) const {
+  return kernels::CallFailure{s.plan.view().status, &team_.device_view(s.rank).status->code};
+}
+
 kernels::FinalReduceArgs MoeEngine::final_reduce_args(const RankState& s, const void* ids, bool ids_64, void* out,
                                                       int tokens) const {
   kernels::FinalReduceArgs f{};
@@ -355,6 +396,7 @@ kernels::FinalReduceArgs MoeEngine::final_reduce_args(const RankState& s, const 
   f.rank = s.rank;
   f.local_experts = par_.local_experts(shape_);
   f.num_experts = shape_.num_experts;
+  f.failure = call_failure(s);
   return f;
 }
 
@@ -415,9 +457,40 @@ void MoeEngine::forward_on(const std::vector<RankBatch>& batches, cudaStream_t s
   if (options_.checking) sync_and_check();
 }
 
+// Reports the first error of the calls since the last check (a refused routing's precise message
+// before a timeout it may have caused), and leaves the layer ready for the next call: an error read is
+// cleared (plan and team status) and every rank's flags start afresh (recover).
 void MoeEngine::sync_and_check() {
-  team_.synchronize();
-  for (const auto& s : ranks_) s->plan.check(s->stream);
+  std::exception_ptr team_error, plan_error;
+  try {
+    team_.synchronize();
+  } catch (const TimeoutError&) {
+    team_error = std::current_exception();
+  } catch (const DeviceReportedError&) {
+    team_error = std::current_exception();
+  }
+  for (const auto& s : ranks_) {
+    try {
+      s->plan.check(s->stream);  // reading the error clears it
+    } catch (const DeviceReportedError&) {
+      if (!plan_error) plan_error = std::current_exception();
+    }
+  }
+  if (team_error) recover();
+  if (plan_error) std::rethrow_exception(plan_error);
+  if (team_error) std::rethrow_exception(team_error);
+}
+
+// After a timeout a kernel may have ended part-way: tile_arrived can hold counts of a call that never
+// finished (they would release a tile early, or never, in the next call), and the rank's abort word
+// makes every later wait give up. Zero each local rank's flags (epoch included: the flags compare
+// with it) and clear its status, on its stream after everything already enqueued, then wait for it.
+void MoeEngine::recover() {
+  for (const auto& s : ranks_) {
+    COMET_CUDA_CHECK(cudaMemsetAsync(s->sync.epoch, 0, s->sync_bytes, s->stream));
+    s->saved = false;  // the activations of a failed forward are not a forward to differentiate
+  }
+  for (const auto& s : ranks_) team_.clear_status(s->rank);
 }
 
 const DevicePlan& MoeEngine::plan(int rank) const { return state(rank).plan; }

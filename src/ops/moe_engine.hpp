@@ -55,6 +55,11 @@ class MoeEngine {
   void layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
   void finish(int rank, const RankBatch& batch);
   void advance_epoch(int rank);  // a new generation for flags (benchmarks re-running a layer)
+  void set_epoch(int rank, uint64_t epoch);  // tests: start the generation anywhere (synchronises)
+  // Tests: every data buffer of the rank (gathered rows, hidden, expert outputs, partials, receive
+  // slots, training buffers; not the flags) filled with 0xFF bytes (NaN), so that a call must rewrite
+  // everything it reads. Synchronises.
+  void poison_buffers(int rank);
 
   // ---- backward, per local rank (after a whole forward with MoeOptions::training) ------------------
   //   stage_grad      dout into the rank's exported token buffer (then a team barrier)
@@ -86,6 +91,8 @@ class MoeEngine {
   // The whole backward, for every local rank on the team's streams / ordered on `stream`.
   void backward(const std::vector<RankGrad>& grads, const BackwardOptions& options);
   void backward_on(const std::vector<RankGrad>& grads, cudaStream_t stream, const BackwardOptions& options);
+  // Synchronises; raises the first error since the last check (see FusedMoe::sync_and_check) after
+  // resetting what a failed call leaves behind (recover), so that the next call is right.
   void sync_and_check();
 
   // The planner's decision for a launch of `rank`'s staged batch.
@@ -122,6 +129,8 @@ class MoeEngine {
   struct RankState;
   RankState& state(int rank) const;
   void run(const std::vector<RankBatch>& batches, Part part);  // forward's launches, without the check
+  void recover();  // every local rank's flags zeroed and status cleared (after a reported failure)
+  kernels::CallFailure call_failure(const RankState& s) const;  // what the output kernels poison on
   void fork(cudaStream_t stream);  // the ranks' streams wait for `stream`
   void join(cudaStream_t stream);  // `stream` waits for the ranks' streams
   void* alloc(RankState& s, size_t bytes);

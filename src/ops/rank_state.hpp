@@ -24,6 +24,7 @@ struct MoeEngine::RankState {
   void* y = nullptr;             // [rows_cap][H]
   void* self_partial = nullptr;  // [T_cap][H]
   kernels::LayerSync sync;           // the fused launches' flags (kernels/layer_sync.hpp)
+  size_t sync_bytes = 0;             // their block (zeroed by MoeEngine::recover)
   int32_t* chosen_n_comm = nullptr;       // [kLaunchLayers] the adaptive split's pick of the last fused launch
   LaunchDecision last[kLaunchLayers];     // the planner's decision of the last launch per launch id
   const void* w0 = nullptr;

@@ -114,9 +114,12 @@ void DevicePlan::build(const void* const* peer_routing, cudaStream_t stream) {
 void DevicePlan::check(cudaStream_t stream) const {
   COMET_REQUIRE(storage_ != nullptr, "DevicePlan::check: the plan holds no storage");
   int32_t status[kPlanStatusWords] = {};
-  COMET_CUDA_CHECK(cudaMemcpyAsync(status, view_.status, sizeof(status), cudaMemcpyDeviceToHost, stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(status, view_.first_error, sizeof(status), cudaMemcpyDeviceToHost, stream));
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-  if (status[0] != 0) throw DeviceReportedError(describe_plan_error(status, cfg_.shape.num_experts));
+  if (status[0] == 0) return;
+  // Read: cleared, so that the next error is reported (on the stream, after every build enqueued so far).
+  COMET_CUDA_CHECK(cudaMemsetAsync(view_.first_error, 0, sizeof(status), stream));
+  throw DeviceReportedError(describe_plan_error(status, cfg_.shape.num_experts));
 }
 
 HostPlan DevicePlan::to_host(cudaStream_t stream) const {

@@ -42,6 +42,7 @@ void fill_unused(const PlanConfig& cfg, const PlanView& v) {
   const size_t W = cfg.world(), El = cfg.local_experts(), k = cfg.topk();
   const size_t U = cfg.max_units(), R = cfg.cap.max_rows, M = cfg.max_tiles();
   std::fill_n(v.status, kPlanStatusWords, 0);
+  std::fill_n(v.first_error, kPlanStatusWords, 0);
   std::fill_n(v.src_tokens, W, 0);
   std::fill_n(v.expert_rows, El, 0);
   std::fill_n(v.expert_offset, El + 1, 0);

@@ -28,6 +28,7 @@ size_t carve(const PlanConfig& cfg, char* base, PlanView* view) {
   };
   PlanView v;
   take(v.status, kPlanStatusWords);
+  take(v.first_error, kPlanStatusWords);
   take(v.src_tokens, W);
   take(v.expert_rows, El);
   take(v.expert_offset, El + 1);

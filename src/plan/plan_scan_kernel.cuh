@@ -5,7 +5,9 @@
 //  * units: a block scan over (position, chunk) in pull order gives each chunk's first unit,
 //    num_units and num_local_units.
 //  * status: the smallest error key (reset here for the next build), or rows over capacity. On any
-//    error it publishes the empty plan (all counts and offsets 0), which the next kernels then fill.
+//    error it publishes the empty plan (all counts and offsets 0), which the next kernels then fill,
+//    and keeps the status in first_error unless an earlier error not yet read is there (the first
+//    error survives later good builds until DevicePlan::check reads it).
 // The problem is small (W * chunks * E_l counts), so one block of 1024 threads does it all; the
 // per-thread loops load in batches so that their global loads overlap.
 #pragma once
@@ -118,6 +120,8 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(const void* con
       st[2] = g.max_rows;
     }
     for (int i = 0; i < kPlanStatusWords; ++i) v.status[i] = s_status[i] = st[i];
+    if (st[0] != 0 && v.first_error[0] == 0)
+      for (int i = 0; i < kPlanStatusWords; ++i) v.first_error[i] = st[i];
   }
   __syncthreads();
   const bool ok = s_status[0] == 0;

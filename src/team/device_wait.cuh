@@ -57,6 +57,11 @@ __device__ inline bool wait_flag_gpu(const int32_t* flag, int32_t value, const T
   return wait_until_ge([flag] { return ld_acquire_gpu(flag); }, value, team, site, index);
 }
 
+__device__ inline bool wait_flag_gpu(const uint64_t* flag, uint64_t value, const TeamDeviceView& team, WaitSite site,
+                                     int index) {
+  return wait_until_ge([flag] { return ld_acquire_gpu(flag); }, value, team, site, index);
+}
+
 __device__ inline bool wait_signal_sys(const uint64_t* word, uint64_t value, const TeamDeviceView& team,
                                        WaitSite site, int index) {
   return wait_until_ge([word] { return ld_acquire_sys(word); }, value, team, site, index);

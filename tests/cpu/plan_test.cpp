@@ -104,7 +104,8 @@ TEST(PlanLayout, ArraysAreAlignedOrderedAndDisjoint) {
   const PlanView v = carve_plan(cfg, base);
   // In PlanView order, with their sizes in bytes.
   const std::vector<std::pair<const void*, size_t>> arrays = {
-      {v.status, kPlanStatusWords * 4}, {v.src_tokens, W * 4},     {v.expert_rows, El * 4},
+      {v.status, kPlanStatusWords * 4}, {v.first_error, kPlanStatusWords * 4},
+      {v.src_tokens, W * 4},            {v.expert_rows, El * 4},
       {v.expert_offset, (El + 1) * 4},  {v.segment_offset, El * W * 4}, {v.segment_rows, El * W * 4},
       {v.num_units, 4},                 {v.num_local_units, 4},     {v.unit_src, U * 4},
       {v.unit_token, U * 4},            {v.unit_rows, U * k * 4},   {v.unit_gates, U * k * 4},

@@ -100,6 +100,7 @@ std::vector<NamedArray> arrays_of(const PlanConfig& cfg, const PlanView& v) {
   const size_t W = cfg.world(), El = cfg.local_experts(), k = cfg.topk();
   const size_t U = cfg.max_units(), R = cfg.cap.max_rows, M = cfg.max_tiles();
   return {{"status", v.status, size_t(kPlanStatusWords), false},
+          {"first_error", v.first_error, size_t(kPlanStatusWords), false},
           {"src_tokens", v.src_tokens, W, false},
           {"expert_rows", v.expert_rows, El, false},
           {"expert_offset", v.expert_offset, El + 1, false},
@@ -121,13 +122,13 @@ std::vector<NamedArray> arrays_of(const PlanConfig& cfg, const PlanView& v) {
           {"tile_order", v.tile_order, M, false}};
 }
 
-// Bitwise equality of every array over its full capacity (status too unless skip_status).
+// Bitwise equality of every array over its full capacity (status and first_error too unless skip_status).
 void expect_same_plan(const HostPlan& expected, const HostPlan& actual, bool skip_status = false) {
   const auto want = arrays_of(expected.config(), expected.view());
   const auto got = arrays_of(actual.config(), actual.view());
   ASSERT_EQ(want.size(), got.size());
   for (size_t a = 0; a < want.size(); ++a) {
-    if (skip_status && a == 0) continue;
+    if (skip_status && a < 2) continue;  // status and first_error
     const uint32_t* w = static_cast<const uint32_t*>(want[a].data);
     const uint32_t* g = static_cast<const uint32_t*>(got[a].data);
     size_t mismatches = 0, first = 0;
@@ -454,6 +455,42 @@ TEST_F(PlanDevice, CheckingModeThrowsFromBuild) {
   unsetenv("COMET_CHECK");
   EXPECT_NO_THROW(plan.build(buffers.table(), stream_));  // not checking: no throw, the status holds it
   EXPECT_THROW(plan.check(stream_), DeviceReportedError);
+}
+
+// An error is kept until a check reads it: later good builds do not overwrite it (the empty plan of
+// the failed build is the only trace otherwise), and a check clears it for the next one.
+TEST_F(PlanDevice, FirstErrorIsStickyUntilChecked) {
+  const int W = 2, E = 4, k = 2, cap = 8;
+  const MoeShape shape{64, 128, E, k, Activation::swiglu};
+  const auto good = make_routing(shape, Parallel{2, 1}, {8, 8}, RoutingKind::uniform, 3);
+  auto bad = good, worse = good;
+  bad[1].ids[7 * 2 + 1] = 4;
+  worse[0].ids[2 * 2 + 0] = -3;
+  const PlanConfig cfg = make_config(2, 1, E, k, 0, 64, cap, 256);
+  RoutingBuffers buffers(W, RoutingBufferLayout{cap, k}, false);
+  DevicePlan plan(cfg);
+  buffers.upload(bad);
+  plan.build(buffers.table(), stream_);
+  buffers.upload(worse);
+  plan.build(buffers.table(), stream_);  // a second error: the first one stays
+  buffers.upload(good);
+  plan.build(buffers.table(), stream_);  // a good build: the plan is right again, the error stays
+  expect_same_plan(build_plan_host(cfg, views(good)), plan.to_host(stream_), /*skip_status=*/true);
+  try {
+    plan.check(stream_);
+    ADD_FAILURE() << "check() did not report the first error";
+  } catch (const DeviceReportedError& e) {
+    EXPECT_EQ(std::string(e.what()), "routing: expert id 4 out of range [0, 4) at rank 1, token 7, slot 1");
+  }
+  EXPECT_NO_THROW(plan.check(stream_));  // read once: cleared
+  buffers.upload(worse);
+  plan.build(buffers.table(), stream_);
+  try {
+    plan.check(stream_);
+    ADD_FAILURE() << "check() did not report the next error";
+  } catch (const DeviceReportedError& e) {
+    EXPECT_EQ(std::string(e.what()), "routing: expert id -3 out of range [0, 4) at rank 0, token 2, slot 0");
+  }
 }
 
 // ---- timing (printed, not asserted) ------------------------------------------------------------

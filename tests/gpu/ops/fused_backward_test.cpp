@@ -106,14 +106,24 @@ struct Harness {
     for (const auto& r : grads) g.push_back(r.grad());
     return g;
   }
-  // Forward + backward through the public API.
+  // Every data buffer of the layer and every output of both passes NaN: a call must rewrite all it reads.
+  void poison() {
+    for (int r = 0; r < c.par.world(); ++r) {
+      moe.poison_buffers(r);
+      ranks[r]->out.fill_bytes(0xFF);
+      for (DeviceBuffer* b : {&grads[r].dx, &grads[r].dgates, &grads[r].dw0, &grads[r].dw1}) b->fill_bytes(0xFF);
+    }
+  }
+  // Forward + backward through the public API, from poisoned buffers.
   void run() {
+    poison();
     fused.forward(batches());
     fused.backward(grad_list(), nullptr, BackwardOptions{c.grad_type, false});
     fused.sync_and_check();
   }
   // Forward + backward step by step with explicit variants (bl1: backward of layer 1, bl0: of layer 0).
   void run_steps(const LayerRequest& bl1, const LayerRequest& bl0) {
+    poison();
     fused.forward(batches());
     const int W = c.par.world();
     const BackwardOptions o{c.grad_type, false};

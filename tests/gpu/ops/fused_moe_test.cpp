@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <array>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -69,9 +70,17 @@ struct Harness {
     for (const auto& r : ranks) b.push_back(r->batch());
     return b;
   }
-  // The steps of forward() with explicit variants, for both layers.
+  // Every data buffer of the layer and every output NaN: a call must rewrite all that it reads.
+  void poison() {
+    for (int r = 0; r < problem.par.world(); ++r) {
+      moe.poison_buffers(r);
+      ranks[r]->out.fill_bytes(0xFF);
+    }
+  }
+  // The steps of forward() with explicit variants, for both layers, from poisoned buffers.
   void run(const LayerRequest& l0, const LayerRequest& l1) {
     const int W = problem.par.world();
+    poison();
     for (int r = 0; r < W; ++r) moe.stage(r, ranks[r]->batch());
     team.barrier();
     for (int r = 0; r < W; ++r) {
@@ -144,20 +153,31 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Same result, bitwise, whatever the number of comm blocks, and over repeated runs.
+// The rows of a gathered-layout buffer [rows_cap][width] that hold a unit's row (not padding).
+std::vector<bf16_bits> plan_rows(const Harness& h, int rank, const void* buffer, int width) {
+  const HostPlan plan = h.moe.plan(rank).to_host(h.team.stream(rank));
+  const auto all = download_bf16(buffer, size_t(h.moe.capacity().max_rows_per_rank) * width);
+  std::vector<bf16_bits> rows;
+  for (int row = 0; row < plan.view().expert_offset[plan.config().local_experts()]; ++row)
+    if (plan.view().row_unit[row] >= 0) rows.insert(rows.end(), &all[size_t(row) * width], &all[size_t(row + 1) * width]);
+  return rows;
+}
+
 TEST(FusedMoe, BitwiseAcrossCommBlocksAndRepeats) {
   Case c{"det", kTop8, {4, 1}, {200, 150, 0, 99}, RoutingKind::uniform, Link::host};
   Harness h(c);
-  h.run(c.l0, c.l1);
+  h.run(c.l0, c.l1);  // every run starts from NaN buffers: nothing is left over from the last one
   const auto first = h.outputs();
-  const auto first_hidden = download_bf16(h.moe.hidden(0), size_t(h.moe.capacity().max_rows_per_rank) * 256);
+  const int Fs = c.par.ffn_shard(c.shape);
+  const auto first_hidden = plan_rows(h, 0, h.moe.hidden(0), Fs);
+  ASSERT_FALSE(first_hidden.empty());
   check_outputs(h, first);
   for (int n_comm : {1, 4, 16, 32}) {
     h.run(forced(256, n_comm, 2, 1), forced(256, n_comm, 3, 2));
     const auto got = h.outputs();
     for (size_t r = 0; r < got.size(); ++r)
       EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "n_comm " << n_comm << " rank " << r;
-    const auto hid = download_bf16(h.moe.hidden(0), first_hidden.size());
-    EXPECT_EQ(first_hidden, hid) << "layer 0 hidden rows differ with n_comm " << n_comm;
+    EXPECT_EQ(first_hidden, plan_rows(h, 0, h.moe.hidden(0), Fs)) << "layer 0 hidden rows differ with n_comm " << n_comm;
   }
   for (int rep = 0; rep < 10; ++rep) {
     h.run(c.l0, c.l1);
@@ -247,6 +267,113 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
   const auto forced = h.outputs();
   for (int r = 0; r < W; ++r)
     EXPECT_EQ(0, std::memcmp(adaptive[r].data(), forced[r].data(), adaptive[r].size() * sizeof(float))) << "rank " << r;
+}
+
+// ---- after a failure (issue 21) ---------------------------------------------------------------------
+
+bool all_nan(const std::vector<float>& v) {
+  for (float f : v)
+    if (!std::isnan(f)) return false;
+  return true;
+}
+
+// A call whose routing the device refuses writes NaN, not the last call's sums, and its error is kept
+// through later good calls until sync_and_check reads it (once).
+TEST(FusedMoe, RefusedRoutingPoisonsItsOutputAndStaysReported) {
+  Case c{"refused", kSmallSwiglu, {2, 1}, {70, 130}};
+  Harness h(c);
+  h.run(c.l0, c.l1);  // a good call first: its sums are what a stale output would show
+  check_outputs(h, h.outputs());
+  std::vector<int32_t> bad = h.problem.inputs[1].ids;
+  bad[5 * c.shape.topk + 1] = c.shape.num_experts;  // rank 1, token 5, slot 1: out of range
+  COMET_CUDA_CHECK(cudaMemcpy(h.ranks[1]->ids.get(), bad.data(), bad.size() * 4, cudaMemcpyHostToDevice));
+  cudaStream_t caller = h.team.stream(0);
+  h.fused.forward(h.batches(), caller);
+  COMET_CUDA_CHECK(cudaStreamSynchronize(caller));
+  for (const auto& out : h.outputs()) EXPECT_TRUE(all_nan(out)) << "a refused call's output must be NaN";
+  const auto& good = h.problem.inputs[1].ids;
+  COMET_CUDA_CHECK(cudaMemcpy(h.ranks[1]->ids.get(), good.data(), good.size() * 4, cudaMemcpyHostToDevice));
+  h.fused.forward(h.batches(), caller);  // good again: right output, the earlier error still kept
+  COMET_CUDA_CHECK(cudaStreamSynchronize(caller));
+  check_outputs(h, h.outputs());
+  try {
+    h.fused.sync_and_check();
+    ADD_FAILURE() << "the refused call's error was lost";
+  } catch (const DeviceReportedError& e) {
+    EXPECT_NE(std::string(e.what()).find("expert id 8 out of range [0, 8) at rank 1, token 5, slot 1"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(h.fused.sync_and_check());  // read once
+  h.run(c.l0, c.l1);
+  check_outputs(h, h.outputs());
+}
+
+// A bounded wait that expires part-way through a call (a timeout of ~1 us while 8 KB rows cross the
+// host link) leaves arrival counts and the abort word behind. The failed call's output is NaN on the
+// ranks that timed out; sync_and_check reports the timeout and resets what the call left, so the next
+// call is right (before, it either gave up at once or released tiles on stale counts).
+TEST(FusedMoe, RightAfterATimeout) {
+  Case c{"timeout", MoeShape{4096, 512, 8, 2, Activation::swiglu}, {2, 1}, {300, 260}, RoutingKind::uniform,
+         Link::host};
+  Harness h(c);
+  h.team.set_timeout(1e-6);
+  const int W = c.par.world();
+  for (int r = 0; r < W; ++r) h.moe.stage(r, h.ranks[r]->batch());
+  h.team.barrier();
+  for (int r = 0; r < W; ++r) {
+    h.moe.prepare(r);
+    h.moe.layer0(r, LayerMode::fused, c.l0);
+    h.moe.layer1(r, LayerMode::fused, c.l1);
+  }
+  h.team.barrier();
+  for (int r = 0; r < W; ++r) h.moe.finish(r, h.ranks[r]->batch());
+  for (int r = 0; r < W; ++r) COMET_CUDA_CHECK(cudaStreamSynchronize(h.team.stream(r)));
+  int timed_out = 0;
+  const auto failed = h.outputs();
+  for (int r = 0; r < W; ++r) {
+    try {
+      h.team.check(r);
+    } catch (const TimeoutError& e) {
+      ++timed_out;
+      EXPECT_TRUE(all_nan(failed[r])) << "rank " << r << " timed out (" << e.what() << ") but wrote numbers";
+    }
+  }
+  ASSERT_GT(timed_out, 0) << "no wait expired: the test did not make the failure it is about";
+  h.team.set_timeout(3.0);
+  EXPECT_THROW(h.moe.sync_and_check(), TimeoutError);
+  EXPECT_NO_THROW(h.moe.sync_and_check());  // reported once, then cleared
+  for (int rep = 0; rep < 3; ++rep) {
+    h.run(c.l0, c.l1);
+    check_outputs(h, h.outputs());
+  }
+}
+
+// The epoch (the flags' generation) is 64-bit: starting just below 2^31 and 2^32, calls cross both
+// limits and stay right (an int32 epoch compared with >= would release every tile at the wrap).
+TEST(FusedMoe, RightAcrossThe32BitEpochLimits) {
+  Case c{"epoch", kSmallSwiglu, {2, 1}, {150, 90}, RoutingKind::zipf, Link::device};
+  Harness h(c);
+  for (uint64_t start : {(1ull << 31) - 2, (1ull << 32) - 2}) {
+    for (int r = 0; r < c.par.world(); ++r) h.moe.set_epoch(r, start);
+    for (int call = 0; call < 4; ++call) {
+      SCOPED_TRACE(::testing::Message() << "epoch " << start + call + 1);
+      h.run(c.l0, c.l1);
+      check_outputs(h, h.outputs());
+    }
+  }
+}
+
+// A unit range is a range: a malformed one is refused before launch.
+TEST(FusedMoe, MalformedUnitRangeIsRefused) {
+  Case c{"units", kSmallSwiglu, {2, 1}, {20, 30}};
+  Harness h(c);
+  for (int r = 0; r < 2; ++r) h.moe.stage(r, h.ranks[r]->batch());
+  h.team.barrier();
+  h.moe.prepare(0);
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::comm_only, c.l0, UnitRange{5, 2}), InvalidArgument);
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::comm_only, c.l1, UnitRange{-3, 2}), InvalidArgument);
+  EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, c.l0, UnitRange{0, 2}), InvalidArgument);
+  h.moe.sync_and_check();
 }
 
 // Automatic options (tile_n 0, n_comm -1): the tuner picks tile shape and n_comm per layer. With an

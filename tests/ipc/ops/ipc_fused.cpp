@@ -1,6 +1,6 @@
 // The fused MoE layer across processes: every rank of an IpcTeam runs FusedMoe::forward on its own
 // tokens and checks its output against the CPU reference (every process builds the same problem from
-// the same seed), then checks that a second run is bitwise identical.
+// the same seed; two shapes), then checks that a second run from poisoned buffers is bitwise identical.
 #include <cstring>
 #include <string>
 
@@ -8,18 +8,21 @@
 #include "comet/reference.hpp"
 #include "ipc/ops/ipc_fused.hpp"
 #include "harness/moe_problem.hpp"
+#include "ops/moe_engine.hpp"
 
 namespace comet::ipc_test {
 
-std::string check_fused_layer(IpcTeam& team) {
+namespace {
+
+// One layer on every rank: the output against the reference (whole and worst row), then a second run
+// from poisoned buffers (every data buffer of the layer and the output NaN) bitwise equal to the first.
+std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
+                      testing::RoutingKind kind, uint64_t seed) {
   using namespace comet::testing;
-  const int W = team.world(), rank = team.rank();
-  // EP over all ranks for W = 2; EP x TP (2 x 2) for W = 4. Uneven tokens, one rank with none.
-  const MoeShape shape{256, 512, 8, W == 2 ? 2 : 4, Activation::swiglu};
-  const Parallel par = W == 4 ? Parallel{2, 2} : Parallel{W, 1};
-  std::vector<int> tokens;
-  for (int r = 0; r < W; ++r) tokens.push_back(r == 1 ? 0 : 40 + 37 * r);
-  const MoeProblem p = MoeProblem::make(shape, par, tokens, RoutingKind::uniform, 77);
+  const int rank = team.rank();
+  const std::string what = "fused layer (H " + std::to_string(shape.hidden) + ", k " + std::to_string(shape.topk) +
+                           ", ep " + std::to_string(par.ep) + " x tp " + std::to_string(par.tp) + "): ";
+  const MoeProblem p = MoeProblem::make(shape, par, tokens, kind, seed);
   MoeOptions options;
   options.layer0 = forced(256, 2);
   options.layer1 = forced(256, 3);
@@ -31,11 +34,43 @@ std::string check_fused_layer(IpcTeam& team) {
   const auto got = mine->output();
   const auto ref = reference::forward(shape, par, p.weights, p.inputs);
   const double err = relative_error(got, ref[rank]);
-  if (!(err < 1.5e-2)) return "fused layer: relative error " + std::to_string(err) + " against the reference";
+  if (!(err < 1.5e-2)) return what + "relative error " + std::to_string(err) + " against the reference";
+  const double worst = worst_row_error(got, ref[rank], shape.hidden);
+  if (!(worst < 3e-2)) return what + "worst-row error " + std::to_string(worst) + " against the reference";
+  team.barrier();  // every rank is done reading its peers' buffers before any poisons its own
+  team.synchronize();
+  moe.engine().poison_buffers(rank);
+  mine->out.fill_bytes(0xFF);
+  team.barrier();
   moe.forward({mine->batch()});
   moe.sync_and_check();
   const auto again = mine->output();
-  if (std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) != 0) return "fused layer: second run differs";
+  if (std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) != 0)
+    return what + "a second run from poisoned buffers differs";
+  return "";
+}
+
+}  // namespace
+
+std::string check_fused_layer(IpcTeam& team) {
+  using namespace comet::testing;
+  const int W = team.world();
+  // EP over all ranks for W = 2 and 8; EP x TP (2 x 2) for W = 4. Uneven tokens, one rank with none.
+  const MoeShape shape{256, 512, 8, W == 2 ? 2 : 4, Activation::swiglu};
+  const Parallel par = W == 4 ? Parallel{2, 2} : Parallel{W, 1};
+  std::vector<int> tokens, zipf_tokens;
+  for (int r = 0; r < W; ++r) {
+    tokens.push_back(r == 1 ? 0 : 40 + 37 * r);
+    zipf_tokens.push_back(r == W - 1 ? 0 : 129 + 61 * r);  // no count a multiple of the 128-row tile
+  }
+  std::string e = check_one(team, shape, par, tokens, RoutingKind::uniform, 77);
+  if (!e.empty()) return e;
+  // A second shape: H 1024, top-8 of 16 experts, Zipf routing (hot experts), EP over all ranks.
+  e = check_one(team, MoeShape{1024, 256, 16, 8, Activation::swiglu}, Parallel{W, 1}, zipf_tokens, RoutingKind::zipf,
+                91);
+  if (!e.empty()) return e;
+  const int rank = team.rank();
+  const MoeProblem p = MoeProblem::make(shape, par, tokens, RoutingKind::uniform, 77);
   // Ranks that build different layers (here: top-k) are refused on every rank, before any buffer exists.
   const MoeShape other{256, 512, 8, rank == 0 ? shape.topk : shape.topk + 1, Activation::swiglu};
   try {

@@ -5,10 +5,11 @@ For each case, three ways into the same forward:
   module   comet.MoELayer(x, ids, gates): checks, the custom op, allocation of the output
   op       torch.ops.comet.moe_forward: the dispatcher and the op's Python kernel
   ext      comet._C.FusedMoe.forward1: one nanobind call into C++ (the C++ API's cost plus ~1 us)
-host_us: wall time of one call on the host: rounds of a few calls each, started on an idle GPU (so the
-launch queue never blocks the host), the entries interleaved round by round (so drift of clocks and
-caches hits them alike); the median over rounds of the per-call time. gpu_ms: CUDA-event time per
-call over back-to-back calls. The Python overhead is host_us(module) - host_us(ext).
+host_us: wall time of one call on the host, each call started on an idle GPU, the entries interleaved
+call by call (so drift of clocks and caches hits them alike); the median over the rounds.
+host_us_busy: the same with 4 calls per round, so that calls 2-4 are made while the GPU runs the
+earlier ones (as in a training loop; host-side CUDA calls get slower then). gpu_ms: CUDA-event time
+per call over back-to-back calls. The Python overhead is host_us(module) - host_us(ext).
 
     python -m comet.bench [--tokens 128,4096] [--model mixtral|small] [--json out.json]
 """
@@ -86,13 +87,15 @@ def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
                 fn()
         gpu = {name: gpu_ms(fn) for name, fn in fns.items()}
         # About 10 s of GPU time per case: many rounds for small layers, at least 20 for large ones.
-        rounds = max(20, min(150, int(10e3 / (4 * sum(gpu.values())))))
-        host = host_us(fns, rounds=rounds)
+        rounds = max(20, min(300, int(10e3 / sum(gpu.values()))))
+        host = host_us(fns, rounds=rounds, calls=1)
+        busy = host_us(fns, rounds=max(20, rounds // 4), calls=4)
         records = []
         for name in fns:
             records.append({"model": model, "layer": "fwd", "system": f"comet-{name}", "world": world, "ep": world,
                             "tp": 1, "link": link, "tokens_per_rank": tokens, "routing": "uniform",
-                            "host_us": host[name], "median_ms": gpu[name], "rounds": rounds,
+                            "host_us": host[name], "host_us_busy": busy[name], "median_ms": gpu[name],
+                            "rounds": rounds,
                             "gpu": torch.cuda.get_device_name(), "entry": name})
     eng.synchronize()
     return records
@@ -114,7 +117,9 @@ def main() -> None:
             by = {r["entry"]: r for r in rs}
             print(f"{a.model} W={world} link={a.link} tokens/rank={tokens}: host us per call "
                   f"ext {by['ext']['host_us']:.1f}, op {by['op']['host_us']:.1f}, module {by['module']['host_us']:.1f} "
-                  f"-> Python overhead {by['module']['host_us'] - by['ext']['host_us']:.1f} us; GPU ms per call "
+                  f"-> Python overhead {by['module']['host_us'] - by['ext']['host_us']:.1f} us (GPU busy: ext "
+                  f"{by['ext']['host_us_busy']:.1f}, module {by['module']['host_us_busy']:.1f} -> "
+                  f"{by['module']['host_us_busy'] - by['ext']['host_us_busy']:.1f} us); GPU ms per call "
                   f"ext {by['ext']['median_ms']:.3f}, module {by['module']['median_ms']:.3f}", flush=True)
             records += rs
     if a.json:

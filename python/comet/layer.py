@@ -65,8 +65,9 @@ class MoELayer(nn.Module):
     with the layer's last forward: run it before the layer's next forward (comet.ops).
     Saved bytes: the training buffers are sized by max_rows (rows of each rank's gathered buffer; a token
     takes k of them, on the ranks of its experts): per row, 2 N0_s bytes of layer-0 pre-activations
-    (N0_s = 2 F/tp for swiglu, else F/tp) and the backward's 2 H + 4 ceil(F/tp / 128). Per token under
-    EP with swiglu: about k (4 F + 2 H) bytes, 2 x 64.4 KiB for Mixtral-8x7B (H 4096, F 14336).
+    (N0_s = 2 F/tp for swiglu, else F/tp) and the backward's 2 H + 4, plus 2 F/tp where F/tp > H (the
+    backward's D rows; else they live in a forward buffer). Per token under EP with swiglu: about
+    k (6 F + 2 H) bytes, 2 x 92.4 KiB for Mixtral-8x7B (H 4096, F 14336).
     training=False (inference) does without them; its backward raises.
     """
 

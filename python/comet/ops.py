@@ -72,8 +72,9 @@ class FusedMoE:
       experts); give max_rows to size it for the load you expect (a call that needs more rows is refused
       on the device and reported). ``device_bytes_per_rank`` gives the total.
     training=True adds [R, N0_s] bf16 (layer 0's pre-activations, N0_s = 2 F/tp for swiglu, else F/tp),
-      [R, H] bf16 (the gathered output gradients) and [R, ceil(F/tp / 128)] fp32 (gate-gradient
-      partials): 2 N0_s + 2 H + 4 ceil(F/tp / 128) bytes per row of R.
+      [R, H] bf16 (the gathered output gradients), [R] fp32 (gate-gradient partials) and, where
+      F/tp > H, [R, F/tp] bf16 (the backward's D = G W1 rows; else they reuse the expert-output
+      buffer): 2 N0_s + 2 H + 4 (+ 2 F/tp) bytes per row of R.
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,

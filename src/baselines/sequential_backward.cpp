@@ -58,7 +58,7 @@ void SequentialMoe::grad_activation(int rank) {
 
 void SequentialMoe::grad_gates(int rank) {
   require_grad_prepared(state(rank).grad_prepared, rank);
-  moe_.grad_gates(rank, 1);  // the activation backward wrote each row's whole sum into column 0
+  moe_.grad_gates(rank);  // the activation backward wrote each row's whole sum into column 0
 }
 
 void SequentialMoe::grad_wgrad1(int rank, const RankGrad& grad, const BackwardOptions& options) {

@@ -150,16 +150,11 @@ using GradConfig = GemmConfig<kTileM, TileN, Major::k, Major::mn>;
 
 template <int TileN>
 LaunchLimits grad_layer1_limits_tile() {
-  return layer0_limits_for<GradConfig<TileN>, ActivationBackward>();
+  return layer0_limits_for<GradConfig<TileN>, ActivationStore>();
 }
 template <int TileN>
 void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream) {
-  const PlanView& plan = l.dispatch.plan;
-  const ActivationBackward epi{l.act,           static_cast<__nv_bfloat16*>(l.pre), l.n0,
-                               static_cast<__nv_bfloat16*>(l.hid), l.ffn_shard, l.gate_partials,
-                               l.gate_blocks,   plan.row_unit, plan.row_slot, plan.unit_gates, l.dispatch.topk};
-  COMET_REQUIRE((l.ffn_shard + TileN - 1) / TileN <= l.gate_blocks, "backward of layer 1: ", l.gate_blocks,
-                " gate-partial columns for tile 128x", TileN);
+  const ActivationStore epi{EpilogueOp::none, static_cast<__nv_bfloat16*>(l.d), l.ffn_shard, l.ffn_shard, nullptr};
   launch_layer0_kernel<GradConfig<TileN>>(l.dispatch, l.w1, l.ffn_shard, l.experts, l.rows_cap, epi, l.split, stream);
 }
 template <int TileN>

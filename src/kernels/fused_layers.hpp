@@ -74,20 +74,15 @@ struct Layer1Launch {
 };
 
 // Backward of layer 1 (layer 0's kernel): the comm blocks pull output-gradient rows into G
-// (dispatch.a), the compute blocks run D = G W1_e (W1 [experts][H][F_s] read N-major) and the
-// activation-backward epilogue (epilogue.cuh: ActivationBackward) on the forward's saved rows.
+// (dispatch.a), the compute blocks run D = G W1_e (W1 [experts][H][F_s] read N-major) and store D's
+// rows as bf16; the activation's backward follows as its own kernel (grad_rows.hpp: activation_grad).
 struct GradLayer1Launch {
   int tile_n = 256;
   const void* w1 = nullptr;  // [experts][hidden][ffn_shard]
   int ffn_shard = 0;
   int experts = 0;
   int rows_cap = 0;
-  EpilogueOp act = EpilogueOp::swiglu;
-  void* pre = nullptr;  // [rows_cap][n0]: z in, dz out
-  int n0 = 0;
-  void* hid = nullptr;  // [rows_cap][ffn_shard]: h in, g h out
-  float* gate_partials = nullptr;  // [rows_cap][gate_blocks]
-  int gate_blocks = 0;
+  void* d = nullptr;  // [rows_cap][ffn_shard]: D out
   DispatchArgs dispatch;
   GridSplit split;
 };

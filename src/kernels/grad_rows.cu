@@ -7,6 +7,8 @@
 #include <cstdint>
 
 #include "comet/cuda_check.hpp"
+#include "kernels/activation_math.cuh"
+#include "kernels/bf16x8.cuh"
 
 namespace comet::kernels {
 namespace {
@@ -20,6 +22,69 @@ __global__ void zero_padding_rows_kernel(uint4* rows, int chunks, PlanView plan)
   const int row = plan.expert_offset[e] + plan.expert_rows[e] + p;
   if (row >= plan.expert_offset[e + 1]) return;
   for (int c = threadIdx.x; c < chunks; c += blockDim.x) rows[size_t(row) * chunks + c] = make_uint4(0, 0, 0, 0);
+}
+
+// One warp per row of the plan's segments, 8 columns per lane at a time (16-byte accesses); the warp
+// sums the row's gate partial.
+constexpr int kActWarps = 8;
+
+__global__ void activation_grad_kernel(ActivationGradArgs a) {
+  const int lane = threadIdx.x % 32;
+  const int used = a.plan.expert_offset[a.local_experts];  // the segments' rows, padding included
+  const int groups = a.ffn_shard / 8;
+  const bool gated = a.act == EpilogueOp::swiglu;
+  const __nv_bfloat16* d = static_cast<const __nv_bfloat16*>(a.d);
+  __nv_bfloat16* pre = static_cast<__nv_bfloat16*>(a.pre);
+  __nv_bfloat16* hid = static_cast<__nv_bfloat16*>(a.hid);
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  for (int r = blockIdx.x * kActWarps + int(threadIdx.x) / 32; r < used; r += gridDim.x * kActWarps) {
+    const size_t row = size_t(r);
+    uint4* h_row = reinterpret_cast<uint4*>(hid + row * a.ffn_shard);
+    uint4* z_row = reinterpret_cast<uint4*>(pre + row * a.pre_ld);
+    const int unit = a.plan.row_unit[row];
+    if (unit < 0) {  // padding
+      for (int q = lane; q < groups; q += 32) h_row[q] = zero;
+      for (int q = lane; q < a.pre_ld / 8; q += 32) z_row[q] = zero;
+      continue;
+    }
+    const float g = a.plan.unit_gates[size_t(unit) * a.topk + a.plan.row_slot[row]];
+    const uint4* d_row = reinterpret_cast<const uint4*>(d + row * a.ffn_shard);
+    float dgate = 0.0f;
+    for (int q = lane; q < groups; q += 32) {
+      float dh[8], h[8];
+      unpack_bf16x8(d_row[q], dh);
+      unpack_bf16x8(h_row[q], h);
+#pragma unroll
+      for (int v = 0; v < 8; ++v) {
+        dgate += h[v] * dh[v];  // D before the gate scales it
+        dh[v] *= g;
+        h[v] *= g;
+      }
+      h_row[q] = pack_bf16x8(h);
+      if (gated) {  // gate columns [16q, 16q + 8), their up partners 8 further
+        float zg[8], zu[8];
+        unpack_bf16x8(z_row[2 * q], zg);
+        unpack_bf16x8(z_row[2 * q + 1], zu);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) {
+          const float gate = zg[v];
+          zg[v] = dh[v] * zu[v] * silu_grad(gate);
+          zu[v] = dh[v] * silu(gate);
+        }
+        z_row[2 * q] = pack_bf16x8(zg);
+        z_row[2 * q + 1] = pack_bf16x8(zu);
+      } else {
+        float z[8];
+        unpack_bf16x8(z_row[q], z);
+#pragma unroll
+        for (int v = 0; v < 8; ++v) z[v] = dh[v] * (a.act == EpilogueOp::gelu ? gelu_tanh_grad(z[v]) : silu_grad(z[v]));
+        z_row[q] = pack_bf16x8(z);
+      }
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) dgate += __shfl_xor_sync(0xffffffffu, dgate, off);
+    if (lane == 0) a.gate_partials[row * a.gate_ld] = dgate;
+  }
 }
 
 __global__ void ship_gate_grads_kernel(ShipGateGradsArgs a) {
@@ -59,6 +124,18 @@ int grid_for(long long n) { return int(std::min<long long>((n + kThreads - 1) / 
 void zero_padding_rows(void* rows, int width, int local_experts, const PlanView& plan, cudaStream_t stream) {
   COMET_REQUIRE(width % 8 == 0, "zero_padding_rows: width must be a multiple of 8");
   zero_padding_rows_kernel<<<local_experts * kPadRows, 128, 0, stream>>>(static_cast<uint4*>(rows), width / 8, plan);
+  COMET_CUDA_CHECK_LAUNCH();
+}
+
+void activation_grad(const ActivationGradArgs& args, cudaStream_t stream) {
+  COMET_REQUIRE(args.ffn_shard % 8 == 0 && args.pre_ld % 8 == 0, "activation_grad: F/tp must be a multiple of 8");
+  COMET_REQUIRE(args.gate_ld >= 1, "activation_grad: the gate partials need at least one column");
+  if (args.rows_cap <= 0) return;
+  int device = 0, sms = 0;
+  COMET_CUDA_CHECK(cudaGetDevice(&device));
+  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int blocks = std::min((args.rows_cap + kActWarps - 1) / kActWarps, 8 * sms);
+  activation_grad_kernel<<<blocks, kActWarps * 32, 0, stream>>>(args);
   COMET_CUDA_CHECK_LAUNCH();
 }
 

@@ -31,7 +31,7 @@ int MoeEngine::w0_shard_rows() const {
   return is_gated(shape_.act) ? 2 * par_.ffn_shard(shape_) : par_.ffn_shard(shape_);
 }
 
-int MoeEngine::gate_blocks() const { return (par_.ffn_shard(shape_) + kTileM - 1) / kTileM; }
+int MoeEngine::gate_blocks() const { return 1; }  // activation_grad sums each row whole
 
 const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMode mode,
                                           const LayerRequest& request) const {
@@ -89,26 +89,35 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   l.ffn_shard = par_.ffn_shard(shape_);
   l.experts = par_.local_experts(shape_);
   l.rows_cap = cap_.max_rows_per_rank;
-  l.act = kernels::epilogue_op(shape_.act);
-  l.pre = s.pre;
-  l.n0 = w0_shard_rows();
-  l.hid = s.hid;
-  l.gate_partials = s.gate_partials;
-  l.gate_blocks = gate_blocks();
+  l.d = s.d_rows;
   l.dispatch = dispatch_args(s, s.grad_rows, UnitRange{});
   l.split = grid_split(s, planned, mode, 2);
-  s.grad_gate_blocks = (l.ffn_shard + d.tile_n - 1) / d.tile_n;
   run_schedule(l, d, /*pull=*/true, par_.world(), [&](const auto& x) { kernels::launch_grad_layer1(x, s.stream); });
+  if (mode == LayerMode::comm_only) return;
+  // The activation's backward over D, the saved pre-activations and hidden rows (whole-row gate
+  // partials in column 0).
+  kernels::ActivationGradArgs a;
+  a.d = s.d_rows;
+  a.pre = s.pre;
+  a.pre_ld = w0_shard_rows();
+  a.hid = s.hid;
+  a.ffn_shard = l.ffn_shard;
+  a.gate_partials = s.gate_partials;
+  a.gate_ld = gate_blocks();
+  a.act = kernels::epilogue_op(shape_.act);
+  a.topk = shape_.topk;
+  a.local_experts = l.experts;
+  a.rows_cap = l.rows_cap;
+  a.plan = s.plan.view();
+  kernels::activation_grad(a, s.stream);
 }
 
-void MoeEngine::grad_gates(int rank, int blocks) {
+void MoeEngine::grad_gates(int rank) {
   RankState& s = state(rank);
   kernels::ShipGateGradsArgs a{};
   a.partials = s.gate_partials;
   a.partial_ld = gate_blocks();
-  a.blocks = blocks < 0 ? s.grad_gate_blocks : blocks;
-  COMET_REQUIRE(a.blocks >= 1 && a.blocks <= a.partial_ld, "FusedMoe::grad_gates: ", a.blocks,
-                " partial columns (at most ", a.partial_ld, ")");
+  a.blocks = 1;
   a.peer_recv = reinterpret_cast<float* const*>(team_.peer_ptrs(gate_recv_sym_, rank));
   a.rank = rank;
   a.topk = shape_.topk;

@@ -141,6 +141,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       s->pre = alloc(*s, size_t(rows) * w0_shard_rows() * 2);
       s->grad_rows = alloc(*s, size_t(rows) * row_bytes);
       s->gate_partials = static_cast<float*>(alloc(*s, size_t(rows) * gate_blocks() * sizeof(float)));
+      // D of the backward of layer 1 lives in Y (free until the backward of layer 0 writes dA) when
+      // its rows fit there.
+      const int Fs = par_.ffn_shard(shape_);
+      s->d_rows = Fs <= H ? s->y : alloc(*s, size_t(rows) * Fs * 2);
     }
     COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->joined, cudaEventDisableTiming));
     ranks_.push_back(std::move(s));

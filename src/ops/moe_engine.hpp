@@ -64,8 +64,9 @@ class MoeEngine {
   // ---- backward, per local rank (after a whole forward with MoeOptions::training) ------------------
   //   stage_grad      dout into the rank's exported token buffer (then a team barrier)
   //   prepare_grad    new epoch; the rank's own dout rows into the gathered-gradient buffer G
-  //   grad_layer1     pull dout rows into G + D = G W1_e (fused, layer 0's kernel; comm_only: the pull);
-  //                   epilogue: dgate partials, hidden rows *= gate, pre-activations -> dPre
+  //   grad_layer1     pull dout rows into G + D = G W1_e (fused, layer 0's kernel; comm_only: the pull),
+  //                   then the activation's backward over D: dgate partials, hidden rows *= gate,
+  //                   pre-activations -> dPre (kernels/grad_rows.hpp: activation_grad)
   //   grad_gates      the gate-gradient partials into the owners' receive slots
   //   grad_weights1   dW1_e = G_e^T (gate . hidden)_e
   //   grad_layer0     dA = dPre W0_e + combine with unit weights (fused, layer 1's kernel; comm_only: the
@@ -76,9 +77,7 @@ class MoeEngine {
   void stage_grad(int rank, const RankGrad& grad);
   void prepare_grad(int rank);
   void grad_layer1(int rank, LayerMode mode, const LayerRequest& request);
-  // blocks: gate-partial columns to sum; -1: those of the last fused grad_layer1 (a baseline that
-  // writes whole-row sums in column 0 passes 1).
-  void grad_gates(int rank, int blocks = -1);
+  void grad_gates(int rank);  // each row's gate partial (column 0) to its token's owner
   void grad_weights1(int rank, const RankGrad& grad, const BackwardOptions& options);
   void grad_layer0(int rank, LayerMode mode, const LayerRequest& request);
   void grad_weights0(int rank, const RankGrad& grad, const BackwardOptions& options);
@@ -119,7 +118,8 @@ class MoeEngine {
   void* expert_out(int rank) const;  // layer 1 GEMM output [rows_cap][H]
   // Training buffers (MoeOptions::training): layer 0's pre-activations [rows_cap][N0_s] (dPre after
   // grad_layer1), the gathered output gradients G [rows_cap][H], the gate-gradient partials
-  // [rows_cap][gate_blocks] fp32 (one per GEMM column block of grad_layer1).
+  // [rows_cap][gate_blocks] fp32 (gate_blocks() == 1: whole-row sums), and D [rows_cap][F_s] of the
+  // backward of layer 1 (in Y when F_s <= H, else its own buffer).
   void* pre_activation(int rank) const;
   void* grad_gathered(int rank) const;
   float* gate_partials(int rank) const;

@@ -35,8 +35,8 @@ struct MoeEngine::RankState {
   void* pre = nullptr;            // [rows_cap][N0_s] pre-activations (dPre after grad_layer1)
   void* grad_rows = nullptr;      // G [rows_cap][H] gathered output gradients
   float* gate_partials = nullptr; // [rows_cap][gate_blocks]
+  void* d_rows = nullptr;         // [rows_cap][F_s] D = G W1_e of the backward of layer 1 (Y when F_s <= H)
   bool saved = false;             // the last forward kept its activations and no backward used them yet
-  int grad_gate_blocks = 0;       // column blocks of the last fused grad_layer1
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)
   // The weight gradients run beside grad_layer0 on a low-priority stream: they take the SMs its
   // compute blocks leave while its comm blocks finish the combine.

@@ -39,9 +39,9 @@ std::vector<RankRouting> make_routing(const MoeShape& shape, const Parallel& par
       int32_t* ids = &r.ids[size_t(t) * k];
       std::vector<int> cand;
       std::vector<double> w;
-      if (kind == RoutingKind::local_only) {
+      if (kind == RoutingKind::local_only || kind == RoutingKind::one_group) {
         const int El = par.local_experts(shape);
-        const int g = par.ep_index(int(s));
+        const int g = kind == RoutingKind::local_only ? par.ep_index(int(s)) : hot;
         for (int e = g * El; e < (g + 1) * El; ++e) cand.push_back(e);
       } else {
         for (int e = 0; e < E; ++e) cand.push_back(e);
@@ -76,6 +76,7 @@ const char* to_string(RoutingKind kind) {
     case RoutingKind::zipf: return "zipf";
     case RoutingKind::one_expert: return "one_expert";
     case RoutingKind::local_only: return "local_only";
+    case RoutingKind::one_group: return "one_group";
   }
   return "?";
 }

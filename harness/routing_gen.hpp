@@ -15,6 +15,7 @@ enum class RoutingKind {
   zipf,          // distinct experts, skewed: expert e drawn with weight 1/(e+1)^1.2
   one_expert,    // every token's first slot is expert `hot` (other slots random, distinct)
   local_only,    // every token chooses experts held by its own EP group (no remote rows in EP)
+  one_group,     // every token chooses experts of EP group `hot` only: all rows go to its ranks (k <= E/ep)
 };
 
 struct RankRouting {
@@ -24,7 +25,7 @@ struct RankRouting {
   RoutingView view() const { return RoutingView{tokens, ids.data(), gates.data()}; }
 };
 
-// tokens_per_rank[s] tokens for rank s (0 allowed).
+// tokens_per_rank[s] tokens for rank s (0 allowed). `hot`: the expert of one_expert, the EP group of one_group.
 std::vector<RankRouting> make_routing(const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens_per_rank,
                                       RoutingKind kind, uint64_t seed, int hot = 0);
 

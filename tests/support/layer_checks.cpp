@@ -4,6 +4,7 @@
 
 #include "comet/cuda_check.hpp"
 #include "comet/reference.hpp"
+#include "harness/layer_compare.hpp"
 
 namespace comet::testing {
 
@@ -47,38 +48,12 @@ void expect_layers_match(const MoeProblem& p, const MoeEngine& moe, const Team& 
 
 void expect_outputs_match(const MoeProblem& p, const std::vector<std::vector<float>>& ref,
                           const std::vector<std::vector<float>>& got, const std::string& what) {
-  ASSERT_EQ(got.size(), ref.size()) << what;
-  for (size_t r = 0; r < ref.size(); ++r) {
-    EXPECT_LT(relative_error(got[r], ref[r]), 1.5e-2) << what << ": forward, rank " << r;
-    if (!ref[r].empty())
-      EXPECT_LT(worst_row_error(got[r], ref[r], p.shape.hidden), 5e-2) << what << ": forward, rank " << r;
-  }
+  EXPECT_EQ(compare_outputs(p.shape, ref, got), "") << what;
 }
-
 
 void expect_gradients_match(const MoeProblem& p, const reference::Gradients<float>& ref,
                             const reference::Gradients<float>& got, const std::string& what) {
-  ASSERT_EQ(got.dx.size(), ref.dx.size()) << what;
-  ASSERT_EQ(got.dgates.size(), ref.dgates.size()) << what;
-  for (size_t r = 0; r < ref.dx.size(); ++r) {
-    if (ref.dx[r].empty()) continue;
-    EXPECT_LT(relative_error(got.dx[r], ref.dx[r]), 2e-2) << what << ": dx, rank " << r;
-    EXPECT_LT(worst_row_error(got.dx[r], ref.dx[r], p.shape.hidden), 6e-2) << what << ": dx, rank " << r;
-    EXPECT_LT(relative_error(got.dgates[r], ref.dgates[r]), 2e-2) << what << ": dgates, rank " << r;
-  }
-  EXPECT_LT(relative_error(got.dw0, ref.dw0), 2e-2) << what << ": dW0";
-  EXPECT_LT(relative_error(got.dw1, ref.dw1), 2e-2) << what << ": dW1";
-  const MoeShape& s = p.shape;
-  const size_t per0 = size_t(s.w0_rows()) * s.hidden, per1 = size_t(s.hidden) * s.ffn;
-  ASSERT_EQ(got.dw0.size(), ref.dw0.size()) << what;
-  ASSERT_EQ(got.dw1.size(), ref.dw1.size()) << what;
-  for (int e = 0; e < s.num_experts; ++e) {
-    bool unused = true;
-    for (size_t i = 0; i < per1 && unused; ++i) unused = ref.dw1[e * per1 + i] == 0.f;
-    if (!unused) continue;
-    for (size_t i = 0; i < per0; ++i) ASSERT_EQ(got.dw0[e * per0 + i], 0.f) << what << ": dW0 of unused expert " << e;
-    for (size_t i = 0; i < per1; ++i) ASSERT_EQ(got.dw1[e * per1 + i], 0.f) << what << ": dW1 of unused expert " << e;
-  }
+  EXPECT_EQ(compare_gradients(p.shape, ref, got), "") << what;
 }
 
 }  // namespace comet::testing

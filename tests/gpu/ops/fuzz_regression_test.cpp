@@ -1,0 +1,39 @@
+// Families of comet-fuzz (tools/fuzz) replayed as permanent tests: a few plain seeds, and every seed a
+// fuzz run found failing (with what it found), so that the bug stays fixed. Each batch runs from
+// poisoned buffers and is checked against the CPU reference, or gets the answer its fault must get.
+#include <gtest/gtest.h>
+
+#include "tools/fuzz/fuzz_run.hpp"
+
+using namespace comet;
+using namespace comet::fuzz;
+
+namespace {
+
+struct Seed {
+  uint64_t family;
+  int batches;
+  const char* found;  // what the seed caught, or "" for a plain sample
+};
+
+std::ostream& operator<<(std::ostream& os, const Seed& s) { return os << s.family; }
+
+class FuzzRegression : public ::testing::TestWithParam<Seed> {};
+
+TEST_P(FuzzRegression, EveryBatchIsRight) {
+  const Family f = draw_family(GetParam().family);
+  FamilyRun run(f, 10.0);
+  for (int i = 0; i < GetParam().batches; ++i) {
+    const Batch b = draw_batch(f, i);
+    const Outcome o = run.run(b);
+    ASSERT_TRUE(o.ok()) << describe(f) << "\n  batch " << i << ": " << describe(b) << "\n" << o.mismatch;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, FuzzRegression,
+                         ::testing::Values(Seed{1, 8, ""}, Seed{2, 8, ""}, Seed{3, 8, ""}, Seed{4, 8, ""}),
+                         [](const ::testing::TestParamInfo<Seed>& info) {
+                           return "family_" + std::to_string(info.param.family);
+                         });
+
+}  // namespace

@@ -108,6 +108,9 @@ class Team {
     (void)mine, (void)bytes, (void)what;
   }
 
+  // Whether the team's buffers are gone (IpcTeam::close): nothing may run on it any more.
+  bool closed() const { return closed_; }
+
   TeamDeviceView device_view(int rank) const;
   void set_timeout(double seconds);
   double timeout() const { return timeout_ns_ * 1e-9; }
@@ -144,6 +147,7 @@ class Team {
   std::vector<RankState> ranks_;         // by local slot
   std::vector<Allocation> allocations_;
   SymmetricId signals_{};               // kNumSignals words per rank (plus the barrier's words)
+  bool closed_ = false;
 };
 
 // W virtual ranks in one process on one GPU.
@@ -177,6 +181,16 @@ class IpcTeam final : public Team {
   void barrier() override;
   void require_agreement(const void* mine, size_t bytes, const std::string& what) override;
   int rank() const { return rank_; }
+
+  // Collective teardown: waits for this rank's own work (every device wait is bounded), meets every
+  // peer through the all-gather, so that no rank frees a buffer a peer may still read or write, then
+  // closes the peers' handles and frees this rank's buffers. A peer that never arrives (dead or stuck)
+  // makes the all-gather fail (bounded by its own timeout: the socket rendezvous' deadline, the
+  // process group's timeout): the buffers are released all the same (a dead peer reads nothing) and
+  // the all-gather's error is raised. After close() the team refuses all work; a second call does
+  // nothing. Without close(), the destructor releases without meeting the peers: a rank that ends
+  // first may then free memory a slower peer is still writing into.
+  void close();
 
  private:
   int rank_;

@@ -90,6 +90,15 @@ class Team:
         """Waits for every local rank and raises what the device reported (timeouts)."""
         self._native.synchronize()
 
+    def close(self) -> None:
+        """Collective teardown of a process-group team: every process calls it once its layers are done.
+        It waits for this rank's kernels, meets every peer through the process group (so no process
+        frees memory a peer still reads), then frees this rank's buffers. If a peer never arrives (it
+        died), the buffers are freed anyway and comet.DeviceTimeout names this rank, after the process
+        group's own timeout. No layer may run on the team afterwards. A local team needs no close."""
+        if self.rank is not None:
+            self._native.close()
+
     def __repr__(self) -> str:
         kind = "local" if self.rank is None else f"process rank {self.rank}"
         return f"comet.Team({kind}, world={self.world}, ep={self.ep}, tp={self.tp}, link={self.link})"

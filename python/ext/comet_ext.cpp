@@ -192,6 +192,7 @@ NB_MODULE(_C, m) {
           },
           nb::arg("rank"), nb::arg("world"), nb::arg("all_gather"), nb::arg("device") = 0)
       .def("barrier", &IpcTeam::barrier)
+      .def("close", &IpcTeam::close)  // keeps the GIL: the all-gather is Python (torch.distributed)
       .def_prop_ro("rank", &IpcTeam::rank);
 
   nb::class_<FusedMoe>(m, "FusedMoe")

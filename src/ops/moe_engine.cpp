@@ -179,6 +179,7 @@ void MoeEngine::set_weights(int rank, const void* w0, const void* w1) {
 }
 
 void MoeEngine::stage(int rank, const RankBatch& b) {
+  COMET_REQUIRE(!team_.closed(), "FusedMoe: the team is closed (IpcTeam::close): no call may run on it");
   RankState& s = state(rank);
   COMET_REQUIRE(b.tokens >= 0 && b.tokens <= cap_.max_tokens_per_rank, "FusedMoe: rank ", rank, " passes ", b.tokens,
                 " tokens; capacity is ", cap_.max_tokens_per_rank, " per rank");

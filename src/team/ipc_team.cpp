@@ -51,6 +51,30 @@ IpcTeam::IpcTeam(int rank, int world, AllGatherFn all_gather, int device)
   }
 }
 
+void IpcTeam::close() {
+  if (closed_) return;
+  closed_ = true;
+  std::string failure;
+  {
+    ScopedDevice guard(device_);
+    for (RankState& r : ranks_)
+      if (r.stream) cudaStreamSynchronize(r.stream);
+    // Every rank has drained its own stream before it contributes: once the gather completes, no
+    // kernel of any rank touches any of these buffers.
+    try {
+      const int32_t leaving = rank_;
+      std::vector<int32_t> all(world_);
+      all_gather_(&leaving, all.data(), sizeof(leaving));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    release_ipc(opened_, owned_, barrier_epoch_);
+  }
+  if (!failure.empty())
+    throw TimeoutError(detail::concat("IpcTeam::close on rank ", rank_, ": not every peer arrived for the teardown (",
+                                      failure, "); this rank's buffers are released"));
+}
+
 IpcTeam::~IpcTeam() {
   int previous = -1;
   if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
@@ -65,6 +89,7 @@ IpcTeam::~IpcTeam() {
 std::vector<int> IpcTeam::local_ranks() const { return {rank_}; }
 
 SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
+  COMET_REQUIRE(!closed_, "IpcTeam::alloc_symmetric: the team is closed");
   COMET_REQUIRE(bytes > 0, "alloc_symmetric: bytes must be > 0");
   ScopedDevice guard(device_);
   void* mine = nullptr;
@@ -116,6 +141,7 @@ void IpcTeam::require_agreement(const void* mine, size_t bytes, const std::strin
 }
 
 void IpcTeam::barrier() {
+  COMET_REQUIRE(!closed_, "IpcTeam::barrier: the team is closed");
   ScopedDevice guard(device_);
   auto* const* areas = reinterpret_cast<uint64_t* const*>(peer_ptrs(signals_, rank_));
   team_detail::launch_ipc_barrier(ranks_[0].stream, barrier_epoch_, areas, kNumSignals, device_view(rank_));

@@ -10,6 +10,7 @@ namespace comet::ipc_test {
 inline constexpr const char* kEnvRank = "COMET_IPC_RANK";
 inline constexpr const char* kEnvWorld = "COMET_IPC_WORLD";
 inline constexpr const char* kEnvSocket = "COMET_IPC_SOCKET";
+inline constexpr const char* kEnvCase = "COMET_IPC_CASE";  // team (default), absent_peer, killed_peer
 
 inline constexpr int kSkipExitCode = 77;      // CTest's SKIP_RETURN_CODE
 inline constexpr unsigned kChildAlarmS = 150;  // a child that is still alive then is killed by SIGALRM
@@ -18,7 +19,7 @@ inline constexpr double kFailureGraceS = 30;   // after one rank fails, how long
 inline constexpr double kDeviceTimeoutS = 20;  // bounded device waits inside the children
 
 // The child role: one rank of an IpcTeam case. Returns the process exit code (0: every check passed).
-int run_rank(int rank, int world, const std::string& socket_path);
+int run_rank(int rank, int world, const std::string& socket_path, const std::string& which);
 
 // Creates a CUDA context and returns 0, kSkipExitCode when there is no GPU, 1 when CUDA fails.
 // Runs in its own process (the parent must not initialise CUDA before it forks).

@@ -167,18 +167,38 @@ int run_checks(int rank, int world, comet::testing::SocketRendezvous& rv, Checks
     const std::string fused = check_fused_layer(team);
     c.expect(fused.empty(), fused);
 #endif
-    rv.barrier();  // every rank is done with every peer's memory before any handle is closed
+    team.close();  // collective: every rank is done with every peer's memory before any is freed
+    c.expect(throws<InvalidArgument>([&] { team.barrier(); }), "barrier on a closed team accepted");
   }
   rv.barrier();
   return c.failures();
 }
 
+// A dead or absent peer (the last rank) in a forward, then the collective teardown.
+int run_dead_peer(int rank, int world, comet::testing::SocketRendezvous& rv, bool killed, Checks& c) {
+#if COMET_IPC_FUSED
+  IpcTeam team(rank, world, rv.all_gather_fn());
+  team.set_timeout(kDeviceTimeoutS);
+  const std::string e = check_dead_peer(team, killed, [&] { rv.barrier(); });
+  c.expect(e.empty(), e);
+#else
+  (void)rank, (void)world, (void)rv, (void)killed;
+  c.note("dead-peer case needs the fused kernels (COMET_BUILD_KERNELS)");
+#endif
+  return c.failures();
+}
+
 }  // namespace
 
-int run_rank(int rank, int world, const std::string& socket_path) {
+int run_rank(int rank, int world, const std::string& socket_path, const std::string& which) {
   ::alarm(kChildAlarmS);
   Checks c(rank, world);
   try {
+    if (which == "absent_peer" || which == "killed_peer") {
+      // Short deadlines: against a dead peer the rendezvous must fail in seconds.
+      comet::testing::SocketRendezvous rv(socket_path, rank, world, 15.0);
+      return run_dead_peer(rank, world, rv, which == "killed_peer", c) == 0 ? 0 : 1;
+    }
     comet::testing::SocketRendezvous rv(socket_path, rank, world, 60.0);
     const int failures = run_checks(rank, world, rv, c);
     return failures == 0 ? 0 : 1;

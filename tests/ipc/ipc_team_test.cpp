@@ -122,20 +122,29 @@ struct CaseResult {
   std::string detail;
 };
 
-CaseResult run_case(int world) {
-  const std::string socket =
-      "/tmp/comet-ipc-" + std::to_string(::getpid()) + "-w" + std::to_string(world) + ".sock";
+// which: "team" (the team and the fused layer), "absent_peer" or "killed_peer" (the last rank never
+// comes to a forward / dies in one; it is expected to end by SIGKILL in the second).
+CaseResult run_case(int world, const std::string& which) {
+  const std::string socket = "/tmp/comet-ipc-" + std::to_string(::getpid()) + "-" + which + "-w" +
+                             std::to_string(world) + ".sock";
   std::vector<Child> children(world);
   for (int r = 0; r < world; ++r) {
     children[r].pid = spawn_self({}, {{kEnvRank, std::to_string(r)},
                                       {kEnvWorld, std::to_string(world)},
-                                      {kEnvSocket, socket}});
+                                      {kEnvSocket, socket},
+                                      {kEnvCase, which}});
   }
-  reap(children, kCaseDeadlineS, kFailureGraceS);
+  // A killed rank is the case's own doing: no grace period that would cut the others short.
+  reap(children, kCaseDeadlineS, which == "killed_peer" ? kCaseDeadlineS : kFailureGraceS);
   ::unlink(socket.c_str());  // in case rank 0 died before removing it
   CaseResult result{true, ""};
   for (int r = 0; r < world; ++r) {
-    if (children[r].ok()) continue;
+    const Child& c = children[r];
+    if (which == "killed_peer" && r == world - 1) {
+      if (c.done && WIFSIGNALED(c.status) && WTERMSIG(c.status) == SIGKILL) continue;
+    } else if (c.ok()) {
+      continue;
+    }
     result.passed = false;
     result.detail += (result.detail.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " " +
                                                              describe_exit(children[r].status));
@@ -154,16 +163,22 @@ int run_parent() {
     return 1;
   }
   int passed = 0, failed = 0;
-  for (int world : {2, 4, 8}) {
+  const std::vector<std::pair<std::string, int>> cases{{"team", 2},        {"team", 4},        {"team", 8},
+                                                       {"absent_peer", 2}, {"absent_peer", 4}, {"killed_peer", 2},
+                                                       {"killed_peer", 4}};
+  const char* only = std::getenv("COMET_IPC_ONLY");  // e.g. COMET_IPC_ONLY=killed_peer
+  for (const auto& [which, world] : cases) {
+    if (only && *only && which != only) continue;
     const auto start = Clock::now();
-    const CaseResult r = run_case(world);
+    const CaseResult r = run_case(world, which);
     const double s = std::chrono::duration<double>(Clock::now() - start).count();
+    const char* name = which == "team" ? "ipc_team" : which.c_str();
     if (r.passed) {
       ++passed;
-      std::printf("PASS ipc_team world=%d (%.1f s)\n", world, s);
+      std::printf("PASS %s world=%d (%.1f s)\n", name, world, s);
     } else {
       ++failed;
-      std::printf("FAIL ipc_team world=%d (%.1f s): %s\n", world, s, r.detail.c_str());
+      std::printf("FAIL %s world=%d (%.1f s): %s\n", name, world, s, r.detail.c_str());
     }
     std::fflush(stdout);
   }
@@ -193,7 +208,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "comet_ipc_tests: bad %s / %s / %s in the environment\n", kEnvRank, kEnvWorld, kEnvSocket);
       return 2;
     }
-    return run_rank(rank, world, socket);
+    const char* which = std::getenv(kEnvCase);
+    return run_rank(rank, world, socket, which && *which ? which : "team");
   }
   if (argc > 1) {
     std::fprintf(stderr, "usage: comet_ipc_tests [--probe]\n");

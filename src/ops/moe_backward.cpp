@@ -55,6 +55,7 @@ void MoeEngine::check_grad(int rank, const RankGrad& g) const {
 }
 
 void MoeEngine::stage_grad(int rank, const RankGrad& g) {
+  COMET_REQUIRE(!team_.closed(), "FusedMoe::backward: the team is closed (IpcTeam::close): no call may run on it");
   check_grad(rank, g);
   RankState& s = state(rank);
   s.saved = false;

@@ -73,13 +73,15 @@ void validate(const PlanConfig& cfg);
 
 // Codes of the plan's status word. status[0] holds the first error's code, status[1..4] its details.
 // "First" is an order, not a race, so both builders name the same error: token counts by source rank,
-// then expert ids by (source rank, token, slot; out-of-range before duplicate), then the row count.
+// then each slot by (source rank, token, slot; its id out of range, then a duplicate id, then a gate
+// weight that is NaN or infinite), then the row count.
 enum class PlanError : int32_t {
   ok = 0,
   expert_out_of_range = 1,   // details: source rank, token, slot, expert id
   duplicate_expert = 2,      // details: source rank, token, slot, expert id
   rows_over_capacity = 3,    // details: rows needed (padded), capacity, -, -
   tokens_over_capacity = 4,  // details: source rank, tokens, capacity, -
+  gate_not_finite = 5,       // details: source rank, token, slot, the gate's float bits
 };
 inline constexpr int kPlanStatusWords = 5;
 

@@ -4,6 +4,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "baselines/activation_math.cuh"
 #include "comet/cuda_check.hpp"
 #include "kernels/bf16x8.cuh"
@@ -26,7 +28,8 @@ __global__ void activation_backward_kernel(GradActivationArgs a) {
   const __nv_bfloat16* d = static_cast<const __nv_bfloat16*>(a.d);
   __nv_bfloat16* pre = static_cast<__nv_bfloat16*>(a.pre);
   __nv_bfloat16* hid = static_cast<__nv_bfloat16*>(a.hidden);
-  for (int i = blockIdx.x * kWarps + int(threadIdx.x) / 32; i < rows; i += gridDim.x * kWarps) {
+  // 64-bit row counter: an expert's rows may lie within one grid stride of 2^31.
+  for (int64_t i = blockIdx.x * kWarps + int(threadIdx.x) / 32; i < rows; i += int64_t(gridDim.x) * kWarps) {
     const size_t row = size_t(row0) + size_t(i);
     const float g = a.unit_gates[size_t(a.row_unit[row]) * a.topk + a.row_slot[row]];
     float dgate = 0.0f;

@@ -37,7 +37,8 @@ __global__ void activation_grad_kernel(ActivationGradArgs a) {
   __nv_bfloat16* pre = static_cast<__nv_bfloat16*>(a.pre);
   __nv_bfloat16* hid = static_cast<__nv_bfloat16*>(a.hid);
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  for (int r = blockIdx.x * kActWarps + int(threadIdx.x) / 32; r < used; r += gridDim.x * kActWarps) {
+  // 64-bit row counter: used may lie within one grid stride of 2^31, where an int step would wrap.
+  for (int64_t r = blockIdx.x * kActWarps + int(threadIdx.x) / 32; r < used; r += int64_t(gridDim.x) * kActWarps) {
     const size_t row = size_t(r);
     uint4* h_row = reinterpret_cast<uint4*>(hid + row * a.ffn_shard);
     uint4* z_row = reinterpret_cast<uint4*>(pre + row * a.pre_ld);
@@ -88,7 +89,8 @@ __global__ void activation_grad_kernel(ActivationGradArgs a) {
 }
 
 __global__ void ship_gate_grads_kernel(ShipGateGradsArgs a) {
-  for (int row = blockIdx.x * blockDim.x + threadIdx.x; row < a.max_rows; row += gridDim.x * blockDim.x) {
+  for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < a.max_rows;
+       row += int64_t(gridDim.x) * blockDim.x) {  // 64-bit: max_rows may lie within a grid stride of 2^31
     const int unit = a.plan.row_unit[row];  // -1: padding, or past the used rows
     if (unit < 0) continue;
     float sum = 0.f;

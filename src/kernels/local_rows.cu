@@ -26,8 +26,9 @@ __global__ void scatter_local_kernel(const __nv_bfloat16* x, __nv_bfloat16* a, i
   const int warps = gridDim.x * blockDim.x / 32;
   const int n_items = *plan.num_local_units * topk;
   const int chunks = hidden / 8;
-  for (int item = (blockIdx.x * blockDim.x + threadIdx.x) / 32; item < n_items; item += warps) {
-    const int unit = item / topk;
+  // 64-bit item counter: n_items (< 2^31) may lie within one step of 2^31, where an int step would wrap.
+  for (int64_t item = (blockIdx.x * blockDim.x + threadIdx.x) / 32; item < n_items; item += warps) {
+    const int unit = int(item / topk);
     const int row = plan.unit_rows[item];
     if (row < 0) continue;
     const uint4* src = reinterpret_cast<const uint4*>(x + size_t(plan.unit_token[unit]) * hidden);

@@ -86,6 +86,9 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   COMET_REQUIRE(par_.ep <= 32, "FusedMoe: ep > 32 is not supported (got ", par_.ep, ")");
   COMET_REQUIRE(cap_.max_tokens_per_rank > 0, "FusedMoe: MoeCapacity::max_tokens_per_rank must be positive");
   COMET_REQUIRE(cap_.max_rows_per_rank >= 0, "FusedMoe: MoeCapacity::max_rows_per_rank must be >= 0");
+  // The default's limit (default_rows) for an explicit count too: rounded up to kTileM, it must stay an int.
+  COMET_REQUIRE(cap_.max_rows_per_rank <= (1LL << 31) - kTileM, "FusedMoe: MoeCapacity::max_rows_per_rank (",
+                cap_.max_rows_per_rank, ") must be at most 2^31 - ", kTileM);
   COMET_REQUIRE(bool(options_.allocator.allocate) == bool(options_.allocator.release),
                 "FusedMoe: DeviceAllocator needs both allocate and release (or neither)");
   if (!options_.allocator.release) options_.allocator.release = [](void* p) { cudaFree(p); };
@@ -101,6 +104,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
                                                        : round_up(cap_.max_rows_per_rank, kTileM);
   set_dispatch_store_lag(options_.dispatch_store_lag);
   options_.checking = options_.checking || checking_from_env();
+  // A forced variant that cannot run (a tile not compiled for the layer, too many comm blocks) is
+  // refused here, not half-way through a call. (Plans are memoised: this costs nothing later.)
+  planner_.plan(0, LayerMode::fused, cap_.max_tokens_per_rank, options_.layer0);
+  planner_.plan(1, LayerMode::fused, cap_.max_tokens_per_rank, options_.layer1);
 
   const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
   const size_t row_bytes = size_t(H) * 2;
@@ -178,9 +185,9 @@ void MoeEngine::set_weights(int rank, const void* w0, const void* w1) {
   if (w1) s.w1 = w1;
 }
 
-void MoeEngine::stage(int rank, const RankBatch& b) {
+void MoeEngine::check_batch(int rank, const RankBatch& b) const {
   COMET_REQUIRE(!team_.closed(), "FusedMoe: the team is closed (IpcTeam::close): no call may run on it");
-  RankState& s = state(rank);
+  const RankState& s = state(rank);
   COMET_REQUIRE(b.tokens >= 0 && b.tokens <= cap_.max_tokens_per_rank, "FusedMoe: rank ", rank, " passes ", b.tokens,
                 " tokens; capacity is ", cap_.max_tokens_per_rank, " per rank");
   COMET_REQUIRE(b.tokens == 0 || (b.x && b.ids && b.gates && b.out), "FusedMoe: rank ", rank,
@@ -192,6 +199,11 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
   COMET_REQUIRE(aligned(b.ids, b.ids_type == IdType::i64 ? 8 : 4) && aligned(b.gates, 4), "FusedMoe: rank ", rank,
                 ": ids and gates must be aligned to their element size");
   COMET_REQUIRE(s.w0, "FusedMoe: no weights (w0) set for rank ", rank);
+}
+
+void MoeEngine::stage(int rank, const RankBatch& b) {
+  check_batch(rank, b);
+  RankState& s = state(rank);
   s.x = b.x;
   s.tokens = b.tokens;
   s.saved = false;  // a new forward: the last one's activations are gone
@@ -410,6 +422,7 @@ void MoeEngine::run(const std::vector<RankBatch>& batches, Part part) {
   COMET_REQUIRE(batches.size() == local.size(), "FusedMoe::forward: ", batches.size(), " batches for ", local.size(),
                 " local ranks");
   if (part != Part::layer1) {
+    for (size_t i = 0; i < local.size(); ++i) check_batch(local[i], batches[i]);  // all refusals before any work
     for (size_t i = 0; i < local.size(); ++i) stage(local[i], batches[i]);
     team_.barrier();  // every rank's tokens and routing are in its exported buffers
     for (int r : local) {

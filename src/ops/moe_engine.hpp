@@ -48,6 +48,7 @@ class MoeEngine {
   void forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream, Part part = Part::whole);
 
   // ---- the steps, per local rank --------------------------------------------------------------------
+  void check_batch(int rank, const RankBatch& batch) const;  // the refusals of stage, without its effects
   void stage(int rank, const RankBatch& batch);
   void prepare(int rank);
   // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).

@@ -42,7 +42,7 @@ inline BuildGeometry make_geometry(const PlanConfig& cfg) {
   g.max_rows = cfg.cap.max_rows;
   g.max_units = cfg.max_units();
   g.max_tiles = cfg.max_tiles();
-  g.chunks = (g.max_tokens + kChunk - 1) / kChunk;
+  g.chunks = int((int64_t(g.max_tokens) + kChunk - 1) / kChunk);  // T_cap + 255 may pass INT_MAX
   g.slot_stride = (g.max_tokens * g.topk + 3) / 4 * 4;  // keeps every position's slice 16-byte aligned
   return g;
 }
@@ -84,22 +84,23 @@ inline size_t carve_scratch(const BuildGeometry& g, char* base, BuildScratch* ou
 // ---- first-error key ---------------------------------------------------------------------------
 // Every thread that finds bad routing atomicMin's a key; the smallest key is the first error in
 // plan.hpp's order, so the device names the same error as the host whatever the timing.
-//   bits 62-63 stage (0: token count, 1: expert id) | 40-61 source rank | 8-38 token | 1-4 slot |
-//   bit 0 kind (0: out of range, 1: duplicate)
+//   bits 62-63 stage (0: token count, 1: a slot) | 40-61 source rank | 8-38 token | 2-5 slot |
+//   bits 0-1 kind (SlotError)
 inline constexpr unsigned long long kNoError = ~0ull;
+enum SlotError : int { kIdOutOfRange = 0, kIdDuplicate = 1, kGateNotFinite = 2 };
 
 __host__ __device__ inline unsigned long long token_count_error_key(int source) {
   return (0ull << 62) | (static_cast<unsigned long long>(source) << 40);
 }
-__host__ __device__ inline unsigned long long expert_error_key(int source, int token, int slot, bool duplicate) {
+__host__ __device__ inline unsigned long long slot_error_key(int source, int token, int slot, SlotError kind) {
   return (1ull << 62) | (static_cast<unsigned long long>(source) << 40) | (static_cast<unsigned long long>(token) << 8) |
-         (static_cast<unsigned long long>(slot) << 1) | (duplicate ? 1ull : 0ull);
+         (static_cast<unsigned long long>(slot) << 2) | static_cast<unsigned long long>(kind);
 }
 __host__ __device__ inline int error_stage(unsigned long long key) { return int(key >> 62); }
 __host__ __device__ inline int error_source(unsigned long long key) { return int((key >> 40) & 0x3FFFFF); }
 __host__ __device__ inline int error_token(unsigned long long key) { return int((key >> 8) & 0x7FFFFFFF); }
-__host__ __device__ inline int error_slot(unsigned long long key) { return int((key >> 1) & 0xF); }
-__host__ __device__ inline bool error_is_duplicate(unsigned long long key) { return (key & 1) != 0; }
+__host__ __device__ inline int error_slot(unsigned long long key) { return int((key >> 2) & 0xF); }
+__host__ __device__ inline SlotError error_kind(unsigned long long key) { return SlotError(key & 3); }
 
 // Largest e in [0, n) with first[e] <= x, for non-decreasing first[] with first[0] <= x < first[n]:
 // the expert (or expert's tile run) that contains row (tile) x, skipping empty ones.

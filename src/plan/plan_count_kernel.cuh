@@ -101,21 +101,26 @@ __global__ void __launch_bounds__(kChunk) plan_count_kernel(const void* const* p
   __syncthreads();
 
   // Check this thread's token and mark the local experts it chose.
-  const int token = first + tid;
   const bool active = tid < count;
+  const int token = first + (active ? tid : 0);  // first + tid may pass INT_MAX in the last chunk
   int32_t* my_ids = ids + tid * k;
   bool routed_here = false;
   if (active) {
     for (int slot = 0; slot < k; ++slot) {
       const int32_t id = my_ids[slot];
       if (id < 0 || id >= g.num_experts) {
-        atomicMin(sc.error_key, expert_error_key(s, token, slot, false));
+        atomicMin(sc.error_key, slot_error_key(s, token, slot, kIdOutOfRange));
         break;
       }
       bool duplicate = false;
       for (int earlier = 0; earlier < slot; ++earlier) duplicate |= my_ids[earlier] == id;
       if (duplicate) {
-        atomicMin(sc.error_key, expert_error_key(s, token, slot, true));
+        atomicMin(sc.error_key, slot_error_key(s, token, slot, kIdDuplicate));
+        break;
+      }
+      // A NaN or infinite gate would make the token's output NaN in silence: refuse it by name.
+      if (!isfinite(sc.slot_gate[slot_base + size_t(tid) * k + slot])) {
+        atomicMin(sc.error_key, slot_error_key(s, token, slot, kGateNotFinite));
         break;
       }
       if (id >= e0 && id < e0 + El) {

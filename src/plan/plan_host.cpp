@@ -1,6 +1,8 @@
 // The host builder: plan.hpp's definitions written out as plainly as possible. It is the specification
 // the device builder is tested against, so it favours obviousness over speed.
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 #include <vector>
 
@@ -15,8 +17,9 @@ namespace {
   throw InvalidArgument(describe_plan_error(status, num_experts));
 }
 
-// Bad routing, reported in the order plan.hpp fixes: token counts by source rank, then expert ids by
-// (source rank, token, slot), out-of-range before duplicate. The row count is checked by the caller.
+// Bad routing, reported in the order plan.hpp fixes: token counts by source rank, then slots by (source
+// rank, token, slot): an id out of range, a duplicate id, a gate that is not finite. The row count is
+// checked by the caller.
 void check_routing(const PlanConfig& cfg, const std::vector<RoutingView>& routing) {
   const int W = cfg.world(), E = cfg.shape.num_experts, k = cfg.topk(), cap = cfg.cap.max_tokens_per_rank;
   for (int s = 0; s < W; ++s) {
@@ -32,6 +35,12 @@ void check_routing(const PlanConfig& cfg, const std::vector<RoutingView>& routin
         if (ids[slot] < 0 || ids[slot] >= E) throw_plan_error(PlanError::expert_out_of_range, s, t, slot, ids[slot], E);
         for (int earlier = 0; earlier < slot; ++earlier)
           if (ids[earlier] == ids[slot]) throw_plan_error(PlanError::duplicate_expert, s, t, slot, ids[slot], E);
+        const float gate = routing[s].gates[size_t(t) * k + slot];
+        if (!std::isfinite(gate)) {
+          int32_t bits = 0;
+          std::memcpy(&bits, &gate, sizeof(bits));
+          throw_plan_error(PlanError::gate_not_finite, s, t, slot, bits, E);
+        }
       }
     }
   }

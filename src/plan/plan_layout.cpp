@@ -2,6 +2,7 @@
 // the messages of its status word, and HostPlan's storage.
 #include <climits>
 #include <cstdint>
+#include <cstring>
 #include <type_traits>
 #include <utility>
 
@@ -102,6 +103,12 @@ std::string describe_plan_error(const int32_t* status, int num_experts) {
     case PlanError::rows_over_capacity:
       return concat("routing: the plan needs ", status[1], " rows (expert segments padded to tile_m), more than max_rows = ",
                     status[2]);
+    case PlanError::gate_not_finite: {
+      float gate = 0;
+      std::memcpy(&gate, &status[4], sizeof(gate));
+      return concat("routing: gate weight ", gate, " at rank ", status[1], ", token ", status[2], ", slot ", status[3],
+                    " (gate weights must be finite)");
+    }
     case PlanError::tokens_over_capacity:
       return concat("routing: rank ", status[1], " has ", status[2], " tokens, outside [0, ", status[3],
                     "] (max_tokens_per_rank)");

@@ -108,11 +108,17 @@ __global__ void __launch_bounds__(kScanThreads) plan_scan_kernel(const void* con
       } else {
         const int t = error_token(key), slot = error_slot(key);
         const RoutingBufferLayout layout = g.routing_layout();
-        st[0] = static_cast<int>(error_is_duplicate(key) ? PlanError::duplicate_expert : PlanError::expert_out_of_range);
+        const SlotError kind = error_kind(key);
+        st[0] = static_cast<int>(kind == kIdOutOfRange   ? PlanError::expert_out_of_range
+                                 : kind == kIdDuplicate ? PlanError::duplicate_expert
+                                                        : PlanError::gate_not_finite);
         st[1] = s;
         st[2] = t;
         st[3] = slot;
-        st[4] = reinterpret_cast<const int32_t*>(buffer + layout.ids_offset())[size_t(t) * g.topk + slot];
+        // The offending id, or the gate's float bits.
+        const size_t at = size_t(t) * g.topk + slot;
+        st[4] = kind == kGateNotFinite ? reinterpret_cast<const int32_t*>(buffer + layout.gates_offset())[at]
+                                       : reinterpret_cast<const int32_t*>(buffer + layout.ids_offset())[at];
       }
     } else if (total_rows > g.max_rows) {
       st[0] = static_cast<int>(PlanError::rows_over_capacity);

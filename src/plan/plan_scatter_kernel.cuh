@@ -20,8 +20,9 @@ __device__ inline void scatter_chunk(const BuildGeometry& g, const BuildScratch&
   if (v.status[0] != 0) return;
   const int W = g.world, El = g.local_experts, k = g.topk, tm = g.tile_m;
   const int j = block / g.chunks, c = block % g.chunks;
+  // Compared before adding: c * kChunk + threadIdx.x may pass INT_MAX in the last chunk.
+  if (int(threadIdx.x) >= sc.position_tokens[j] - c * kChunk) return;
   const int token = c * kChunk + threadIdx.x;
-  if (token >= sc.position_tokens[j]) return;
   const int unit_rank = sc.token_unit[size_t(j) * g.max_tokens + token];
   if (unit_rank < 0) return;
   const int u = sc.chunk_units[block] + unit_rank;

@@ -3,6 +3,7 @@
 // size, top-1 / top-8 / top-k = E, both links, tight capacity, training, each routing and fault).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <set>
 
 #include "comet/reference.hpp"
@@ -90,6 +91,8 @@ TEST(FuzzDraw, BatchesCoverRoutingsTokenCountsAndFaults) {
       // The reference's own input check is the oracle of the id faults.
       if (b.fault == Fault::duplicate_id || b.fault == Fault::id_out_of_range) {
         EXPECT_THROW(reference::check_inputs(f.shape, f.par, w, in), InvalidArgument) << describe(b);
+      } else if (b.fault == Fault::gate_not_finite) {
+        EXPECT_FALSE(std::isfinite(in[b.fault_rank].gates[size_t(b.fault_token) * f.shape.topk + b.fault_slot]));
       } else {
         EXPECT_NO_THROW(reference::check_inputs(f.shape, f.par, w, in)) << describe(b);
       }
@@ -97,7 +100,7 @@ TEST(FuzzDraw, BatchesCoverRoutingsTokenCountsAndFaults) {
     }
   }
   EXPECT_EQ(kinds.size(), 5u);
-  EXPECT_EQ(faults.size(), 4u);
+  EXPECT_EQ(faults.size(), 5u);
   EXPECT_TRUE(nobody && one_rank_empty && single && full);
 }
 

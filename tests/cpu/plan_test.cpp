@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -547,6 +548,20 @@ TEST(PlanBadRouting, DuplicateExpert) {
   EXPECT_EQ(message_of(bad_routing_config(2), routing),
             "routing: duplicate expert id " + std::to_string(id) +
                 " at rank 1, token 5, slot 1 (an earlier slot of the token chose it too)");
+}
+
+TEST(PlanBadRouting, NonFiniteGate) {
+  auto routing = valid_routing();
+  routing[2].gates[6 * 2 + 1] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(message_of(bad_routing_config(1), routing),
+            "routing: gate weight nan at rank 2, token 6, slot 1 (gate weights must be finite)");
+  routing[2].gates[6 * 2 + 1] = 0.5f;
+  routing[0].gates[19 * 2] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(message_of(bad_routing_config(), routing),
+            "routing: gate weight -inf at rank 0, token 19, slot 0 (gate weights must be finite)");
+  // In one slot the id comes first: an id out of range with a NaN gate is named as the id.
+  routing[0].ids[19 * 2] = 8;
+  EXPECT_NE(message_of(bad_routing_config(), routing).find("expert id 8 out of range"), std::string::npos);
 }
 
 TEST(PlanBadRouting, TooManyTokens) {

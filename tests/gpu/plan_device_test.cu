@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -377,6 +378,14 @@ TEST_F(PlanDevice, BadRoutingNamesTheFirstErrorAndEmptiesThePlan) {
       {"negative", [](Routing& r) { r[0].ids[0] = -1; }, 0, PlanError::expert_out_of_range},
       {"very negative", [](Routing& r) { r[3].ids[19 * 2 + 1] = INT32_MIN; }, 0, PlanError::expert_out_of_range},
       {"duplicate", [](Routing& r) { r[1].ids[5 * 2 + 1] = r[1].ids[5 * 2]; }, 0, PlanError::duplicate_expert},
+      {"NaN gate", [](Routing& r) { r[2].gates[6 * 2 + 1] = std::numeric_limits<float>::quiet_NaN(); }, 0,
+       PlanError::gate_not_finite},
+      {"inf gate after a duplicate",
+       [](Routing& r) {
+         r[0].gates[3 * 2] = std::numeric_limits<float>::infinity();  // rank 0, token 3, slot 0: the first
+         r[0].ids[4 * 2 + 1] = r[0].ids[4 * 2];                       // rank 0, token 4, slot 1
+       },
+       0, PlanError::gate_not_finite},
       {"too many tokens", [](Routing& r) { r[3].tokens = 21; }, 0, PlanError::tokens_over_capacity},
       {"negative tokens", [](Routing& r) { r[1].tokens = -3; }, 0, PlanError::tokens_over_capacity},
       {"first of several",

@@ -1,6 +1,7 @@
 #include "tools/fuzz/fuzz_draw.hpp"
 
 #include <algorithm>
+#include <limits>
 #include <random>
 #include <sstream>
 
@@ -42,6 +43,7 @@ const char* to_string(Fault f) {
     case Fault::duplicate_id: return "duplicate_id";
     case Fault::id_out_of_range: return "id_out_of_range";
     case Fault::tokens_over_capacity: return "tokens_over_capacity";
+    case Fault::gate_not_finite: return "gate_not_finite";
   }
   return "?";
 }
@@ -127,7 +129,7 @@ Batch draw_batch(const Family& f, int index, bool faults) {
     for (int r = 0; r < W; ++r)
       if (b.tokens[r] > 0) with_tokens.push_back(r);
     std::vector<Fault> possible{Fault::tokens_over_capacity};
-    if (!with_tokens.empty()) possible.push_back(Fault::id_out_of_range);
+    if (!with_tokens.empty()) possible.insert(possible.end(), {Fault::id_out_of_range, Fault::gate_not_finite});
     if (!with_tokens.empty() && k >= 2) possible.push_back(Fault::duplicate_id);
     b.fault = pick(rng, possible);
     if (b.fault == Fault::tokens_over_capacity) {
@@ -149,6 +151,11 @@ std::vector<testing::RankRouting> make_batch_routing(const Family& f, const Batc
   int32_t* ids = routing[b.fault_rank].ids.data() + size_t(b.fault_token) * k;
   if (b.fault == Fault::duplicate_id) ids[b.fault_slot] = ids[b.fault_slot - 1];
   if (b.fault == Fault::id_out_of_range) ids[b.fault_slot] = b.fault_id;
+  if (b.fault == Fault::gate_not_finite) {
+    const float bad[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                         -std::numeric_limits<float>::infinity()};
+    routing[b.fault_rank].gates[size_t(b.fault_token) * k + b.fault_slot] = bad[(b.seed >> 3) % 3];
+  }
   return routing;
 }
 

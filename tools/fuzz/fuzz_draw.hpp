@@ -30,6 +30,7 @@ enum class Fault : int {
   duplicate_id,          // one slot repeats an earlier slot's expert: device-reported error at sync, NaN out
   id_out_of_range,       // one id is E or negative: device-reported error at sync, NaN out
   tokens_over_capacity,  // one rank passes max_tokens + 1: InvalidArgument before any launch
+  gate_not_finite,       // one gate weight is NaN or +-Inf: device-reported error at sync, NaN out
 };
 const char* to_string(Fault f);
 

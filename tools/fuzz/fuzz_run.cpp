@@ -142,8 +142,11 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
   // (the ranks of the EP groups that overflow), or the right numbers.
   std::string want_error;
   std::vector<bool> must_fail(W, false);
-  if (batch.fault == Fault::duplicate_id || batch.fault == Fault::id_out_of_range) {
-    want_error = batch.fault == Fault::duplicate_id ? "duplicate expert id" : "out of range";
+  if (batch.fault == Fault::duplicate_id || batch.fault == Fault::id_out_of_range ||
+      batch.fault == Fault::gate_not_finite) {
+    want_error = batch.fault == Fault::duplicate_id   ? "duplicate expert id"
+                 : batch.fault == Fault::id_out_of_range ? "out of range"
+                                                          : "gate weight";
     must_fail.assign(W, true);
   } else if (f_.max_rows > 0) {
     const int cap = (f_.max_rows + 127) / 128 * 128;

@@ -11,6 +11,7 @@
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "support/layer_checks.hpp"
+#include "support/test_layer.hpp"
 #include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
 
@@ -19,47 +20,7 @@ using namespace comet::testing;
 
 namespace {
 
-// One layer on a team, with its problem's data on the device.
-struct Layer {
-  MoeProblem problem;
-  FusedMoe fused;
-  std::vector<std::unique_ptr<DeviceRank>> ranks;
-
-  Layer(Team& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens, RoutingKind kind,
-        uint64_t seed, const MoeOptions& options = {})
-      : problem(MoeProblem::make(shape, par, tokens, kind, seed)),
-        fused(team, shape, par, MoeCapacity{problem.max_tokens(), 0}, options) {
-    for (int r = 0; r < par.world(); ++r) {
-      ranks.push_back(upload_rank(problem, r));
-      fused.set_weights(r, ranks[r]->w0.get(), ranks[r]->w1.get());
-    }
-  }
-  std::vector<RankBatch> batches() const {
-    std::vector<RankBatch> b;
-    for (const auto& r : ranks) b.push_back(r->batch());
-    return b;
-  }
-  void poison() {
-    for (const auto& r : ranks) {
-      fused.engine().poison_buffers(r->rank);
-      r->out.fill_bytes(0xFF);
-    }
-  }
-  void forward(cudaStream_t stream = nullptr) {
-    poison();
-    fused.forward(batches(), stream);
-    fused.sync_and_check();
-  }
-  std::vector<std::vector<float>> outputs() const {
-    std::vector<std::vector<float>> o;
-    for (const auto& r : ranks) o.push_back(r->output());
-    return o;
-  }
-  void expect_right(const std::string& what) const {
-    const auto ref = reference::forward(problem.shape, problem.par, problem.weights, problem.inputs);
-    expect_outputs_match(problem, ref, outputs(), what);
-  }
-};
+using Layer = TestLayer;
 
 // DeepSeek-V3's expert layout (256 experts, top-8, EP 8: 32 local experts) at H 4096 with 4096 tokens
 // in all (512 per rank), F kept small so that the CPU reference stays quick; Zipf routing makes some

@@ -223,6 +223,14 @@ void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o
   COMET_CUDA_CHECK(cudaStreamWaitEvent(s.stream, s.side_join, 0));
 }
 
+LayerRequest MoeEngine::backward_request(int launch) const {
+  // The backward's launches follow the forward's kernel of their kind (launch 2 is layer 0's kernel,
+  // 3 layer 1's), except a forced tile the backward was not compiled with (192): that is the planner's.
+  LayerRequest r = launch == 2 ? options_.layer0 : options_.layer1;
+  if (r.tile_n && !kernels::is_supported_tile_n(*r.tile_n, launch)) r.tile_n.reset();
+  return r;
+}
+
 void MoeEngine::backward(const std::vector<RankGrad>& grads, const BackwardOptions& o) {
   const std::vector<int> local = team_.local_ranks();
   COMET_REQUIRE(grads.size() == local.size(), "FusedMoe::backward: ", grads.size(), " gradients for ", local.size(),
@@ -230,7 +238,8 @@ void MoeEngine::backward(const std::vector<RankGrad>& grads, const BackwardOptio
   for (size_t i = 0; i < local.size(); ++i) check_grad(local[i], grads[i]);  // all refusals before any work
   for (size_t i = 0; i < local.size(); ++i) stage_grad(local[i], grads[i]);
   team_.barrier();  // every rank's output gradients are in its exported buffer
-  for (size_t i = 0; i < local.size(); ++i) grad_steps(local[i], grads[i], o, options_.layer0, options_.layer1);
+  const LayerRequest bl1 = backward_request(2), bl0 = backward_request(3);
+  for (size_t i = 0; i < local.size(); ++i) grad_steps(local[i], grads[i], o, bl1, bl0);
   team_.barrier();  // every partial row of dx and of the gate gradients is in its owner's receive slots
   for (size_t i = 0; i < local.size(); ++i) finish_grad(local[i], grads[i]);
 }

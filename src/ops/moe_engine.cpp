@@ -108,6 +108,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   // refused here, not half-way through a call. (Plans are memoised: this costs nothing later.)
   planner_.plan(0, LayerMode::fused, cap_.max_tokens_per_rank, options_.layer0);
   planner_.plan(1, LayerMode::fused, cap_.max_tokens_per_rank, options_.layer1);
+  if (options_.training) {
+    planner_.plan(2, LayerMode::fused, cap_.max_tokens_per_rank, backward_request(2));
+    planner_.plan(3, LayerMode::fused, cap_.max_tokens_per_rank, backward_request(3));
+  }
 
   const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
   const size_t row_bytes = size_t(H) * 2;

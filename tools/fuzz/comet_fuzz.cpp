@@ -1,8 +1,10 @@
 // comet-fuzz: the fused layer under random shapes, layouts, options and routings, each batch checked
 // against the CPU reference; and a soak of one layer for minutes, watching memory and drift.
 //
-//   comet-fuzz [--seed S] [--batches N] [--per-family B] [--minutes M] [--json FILE]
-//       families S, S+1, ... of B batches each (default 16) until N batches (default 1000) or M minutes
+//   comet-fuzz [--seed S] [--batches N] [--per-family B] [--minutes M] [--jobs J] [--json FILE]
+//       families S, S+1, ... of B batches each (default 16) until N batches (default 1000) or M minutes;
+//       --jobs J: J processes on the one GPU, process j taking families S+j, S+j+J, ... (the CPU
+//       reference is the long pole: one thread per process for these sizes)
 //   comet-fuzz --family F [--upto J]
 //       replays family F's batches 0..J (a mismatch prints this line)
 //   comet-fuzz --list [--seed S] [--batches N] [--per-family B]
@@ -15,6 +17,7 @@
 // Every wait of the kernels is bounded (--timeout seconds, default 10): a hang is reported as a
 // mismatch naming the rank, layer and flag. Exit status: 0 when every batch was right.
 #include <cuda_runtime.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -40,6 +43,7 @@ namespace {
 struct Args {
   uint64_t seed = 1;
   long batches = 1000;
+  int jobs = 1;
   int per_family = 16;
   double minutes = 0;  // 0: no time limit (fuzz), required for soak
   double timeout = 10;
@@ -67,6 +71,7 @@ Args parse(int argc, char** argv) {
     };
     if (k == "--seed") a.seed = std::stoull(value());
     else if (k == "--batches") a.batches = std::stol(value());
+    else if (k == "--jobs") a.jobs = std::stoi(value());
     else if (k == "--per-family") a.per_family = std::stoi(value());
     else if (k == "--minutes") a.minutes = std::stod(value());
     else if (k == "--timeout") a.timeout = std::stod(value());
@@ -79,7 +84,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--json") a.json = value();
     else usage(("unknown argument " + k).c_str());
   }
-  if (a.per_family < 1 || a.batches < 1 || a.check_every < 1) usage("counts must be positive");
+  if (a.per_family < 1 || a.batches < 1 || a.check_every < 1 || a.jobs < 1) usage("counts must be positive");
   if (a.soak && a.minutes <= 0) usage("--soak needs --minutes");
   return a;
 }
@@ -108,6 +113,8 @@ void write_json(const std::string& path, const nlohmann::json& j) {
 }
 
 // Runs family `seed`'s batches [0, count): returns mismatching batches, adds to the counters.
+constexpr long kNoGpu = 77;  // a child's marker: no GPU there
+
 struct Totals {
   long batches = 0, backward = 0, refused = 0, mismatches = 0, families = 0, families_refused = 0;
 };
@@ -155,24 +162,87 @@ void run_family(uint64_t seed, int count, double timeout, Totals& t, const Clock
   std::fflush(stdout);
 }
 
+// Process `job` of `jobs`: families seed + job, seed + job + jobs, ... until its share of the batches.
+Totals fuzz_share(const Args& a, int job, int jobs, Clock::time_point deadline) {
+  Totals t;
+  const long share = a.batches / jobs + (job < a.batches % jobs ? 1 : 0);
+  for (uint64_t seed = a.seed + job; t.batches < share; seed += jobs) {
+    if (a.minutes > 0 && Clock::now() > deadline) break;
+    run_family(seed, int(std::min<long>(a.per_family, share - t.batches)), a.timeout, t, deadline, a.minutes > 0);
+  }
+  return t;
+}
+
+// --jobs: forks before any CUDA call (a child of a process with a CUDA context cannot use CUDA); each
+// child sends its totals back through a pipe.
+Totals fuzz_in_processes(const Args& a, Clock::time_point deadline) {
+  std::vector<pid_t> pids;
+  std::vector<int> fds;
+  for (int j = 0; j < a.jobs; ++j) {
+    int p[2];
+    if (::pipe(p) != 0) throw std::runtime_error("comet-fuzz: pipe failed");
+    std::fflush(stdout);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+      ::close(p[0]);
+      Totals t;
+      if (testing::has_gpu()) t = fuzz_share(a, j, a.jobs, deadline);
+      else t.families_refused = -kNoGpu;
+      std::fflush(stdout);
+      const ssize_t n = ::write(p[1], &t, sizeof(t));
+      ::_exit(n == ssize_t(sizeof(t)) ? 0 : 3);
+    }
+    ::close(p[1]);
+    pids.push_back(pid);
+    fds.push_back(p[0]);
+  }
+  Totals sum;
+  for (int j = 0; j < a.jobs; ++j) {
+    Totals t;
+    const ssize_t n = ::read(fds[j], &t, sizeof(t));
+    ::close(fds[j]);
+    int status = 0;
+    ::waitpid(pids[j], &status, 0);
+    if (n == ssize_t(sizeof(t)) && t.families_refused == -kNoGpu) {
+      sum.families_refused = -kNoGpu;
+      continue;
+    }
+    if (n != ssize_t(sizeof(t)) || t.families_refused < 0) {
+      std::printf("comet-fuzz: process %d ended without its totals (status %d)\n", j, status);
+      ++sum.mismatches;  // a crashed process is a failure, never a silent pass
+      continue;
+    }
+    sum.batches += t.batches;
+    sum.backward += t.backward;
+    sum.refused += t.refused;
+    sum.mismatches += t.mismatches;
+    sum.families += t.families;
+    sum.families_refused += t.families_refused;
+  }
+  return sum;
+}
+
 int run_fuzz(const Args& a) {
   const auto t0 = Clock::now();
   const auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(a.minutes * 60));
   Totals t;
   if (a.family >= 0) {
     run_family(uint64_t(a.family), a.upto >= 0 ? a.upto + 1 : a.per_family, a.timeout, t, deadline, false);
-  } else {
-    for (uint64_t seed = a.seed; t.batches < a.batches; ++seed) {
-      if (a.minutes > 0 && Clock::now() > deadline) break;
-      run_family(seed, int(std::min<long>(a.per_family, a.batches - t.batches)), a.timeout, t, deadline, a.minutes > 0);
+  } else if (a.jobs > 1) {
+    t = fuzz_in_processes(a, deadline);
+    if (t.families_refused == -kNoGpu) {
+      std::printf("comet-fuzz: no GPU, nothing to run\n");
+      return testing::kSkipExitCode;
     }
+  } else {
+    t = fuzz_share(a, 0, 1, deadline);
   }
   const double s = seconds_since(t0);
   std::printf("\ncomet-fuzz: %ld batches in %ld families (%ld families refused at construction), %ld with a checked "
               "backward, %ld refused as they must be, %ld mismatches, %.1f s (seeds from %llu)\n",
               t.batches, t.families, t.families_refused, t.backward, t.refused, t.mismatches, s,
               (unsigned long long)a.seed);
-  write_json(a.json, {{"mode", "fuzz"}, {"seed", a.seed}, {"batches", t.batches}, {"families", t.families},
+  write_json(a.json, {{"mode", "fuzz"}, {"seed", a.seed}, {"jobs", a.jobs}, {"batches", t.batches}, {"families", t.families},
                       {"families_refused", t.families_refused}, {"backward_checked", t.backward},
                       {"refused", t.refused}, {"mismatches", t.mismatches}, {"seconds", s}});
   return t.mismatches == 0 ? 0 : 1;
@@ -256,6 +326,7 @@ int list(const Args& a) {
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   if (a.list) return list(a);
+  if (!a.soak && a.jobs > 1) return run_fuzz(a);  // the children check for the GPU: no CUDA before fork
   if (!testing::has_gpu()) {
     std::printf("comet-fuzz: no GPU, nothing to run\n");
     return 77;

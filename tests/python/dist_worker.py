@@ -53,7 +53,12 @@ def main() -> int:
     assert_matches(out, reference_moe(p, p.x[rank], p.ids[rank], p.gates[rank]), f"torchrun rank {rank}")
     assert torch.equal(out, again), f"rank {rank}: second call differs"
     check_backward(layer, p, rank)  # every rank takes part, rank 1 without tokens
-    dist.barrier()  # no process frees buffers a peer may still read
+    team.close()  # collective: no process frees buffers a peer may still read
+    try:
+        layer(p.x[rank], p.ids[rank], p.gates[rank])
+        raise AssertionError(f"rank {rank}: a forward on a closed team was accepted")
+    except comet.InvalidArgument as e:
+        assert "closed" in str(e), str(e)
     print(f"rank {rank}/{world}: ok ({out.shape[0]} tokens, gradients too, {layer.engine.last_decision(0)})",
           flush=True)
     dist.destroy_process_group()

@@ -51,9 +51,10 @@ void expect_outputs_match(const MoeProblem& p, const std::vector<std::vector<flo
   EXPECT_EQ(compare_outputs(p.shape, ref, got), "") << what;
 }
 
-void expect_gradients_match(const MoeProblem& p, const reference::Gradients<float>& ref,
-                            const reference::Gradients<float>& got, const std::string& what) {
-  EXPECT_EQ(compare_gradients(p.shape, ref, got), "") << what;
+void expect_gradients_match(const MoeProblem& p, const std::vector<std::vector<float>>& dout,
+                            const reference::Gradients<float>& ref, const reference::Gradients<float>& got,
+                            const std::string& what) {
+  EXPECT_EQ(compare_gradients(p.shape, ref, got, gate_grad_scales(p.shape, p.weights, p.inputs, dout)), "") << what;
 }
 
 }  // namespace comet::testing

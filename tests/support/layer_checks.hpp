@@ -26,7 +26,8 @@ void expect_outputs_match(const MoeProblem& p, const std::vector<std::vector<flo
 // Every gradient of a backward against `ref` (reference::backward of the problem): per rank dx and the
 // gate gradients, and dW0 / dW1 in the full weights' layout (each rank's unsharded: unshard_add_w0/w1).
 // An expert that no token chose has zero gradients, exactly (harness/layer_compare.hpp has the tolerances).
-void expect_gradients_match(const MoeProblem& p, const reference::Gradients<float>& ref,
+void expect_gradients_match(const MoeProblem& p, const std::vector<std::vector<float>>& dout,
+                            const reference::Gradients<float>& ref,
                             const reference::Gradients<float>& got, const std::string& what);
 
 }  // namespace comet::testing

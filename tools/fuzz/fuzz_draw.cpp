@@ -74,9 +74,10 @@ Family draw_family(uint64_t seed) {
     f.max_tokens = std::min(cap_wanted, cap_budget);
     if (f.max_tokens < 1) continue;
     if (chance(rng, 0.2)) {
-      // Tight: room for about half the worst case's routed rows; busy batches are refused.
+      // Tight: room for half the worst case's routed rows and half a tile of padding per expert; busy
+      // or skewed batches are refused.
       const int worst = W * f.max_tokens * std::min(s.topk, El);
-      f.max_rows = std::max(1, worst / 2);
+      f.max_rows = std::max(1, worst / 2 + El * 64);
     }
     f.link = chance(rng, 0.4) ? Link::host : Link::device;
     MoeOptions& o = f.options;

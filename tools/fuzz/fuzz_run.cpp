@@ -216,7 +216,8 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
       unshard_add_w0(s, par, r, as_float(ranks_[r]->dw0, size_t(El) * n0 * H), g.dw0);
       unshard_add_w1(s, par, r, as_float(ranks_[r]->dw1, size_t(El) * H * Fs), g.dw1);
     }
-    bad << testing::compare_gradients(s, reference::backward(s, par, weights, inputs, dout), g);
+    bad << testing::compare_gradients(s, reference::backward(s, par, weights, inputs, dout), g,
+                                      testing::gate_grad_scales(s, weights, inputs, dout));
   }
   o.mismatch = bad.str();
   return o;

@@ -365,7 +365,8 @@ TEST_P(SequentialBackwardCase, MatchesReference) {
     BackwardRun run(p, c.link, path, GradType::f32);
     if (!ref) ref = std::make_unique<reference::Gradients<float>>(run.reference());
     run.step(false);
-    expect_gradients_match(p.problem, *ref, run.gradients(), std::string("sequential backward, ") + to_string(path));
+    expect_gradients_match(p.problem, run.dout, *ref, run.gradients(),
+                           std::string("sequential backward, ") + to_string(path));
   }
 }
 
@@ -392,7 +393,7 @@ TEST(SequentialBackward, Bf16GradientsAccumulate) {
   const auto ref = run.reference();
   run.step(false);
   const auto once = run.gradients();
-  expect_gradients_match(p.problem, ref, once, "bf16 gradients");
+  expect_gradients_match(p.problem, run.dout, ref, once, "bf16 gradients");
   run.step(true);
   const auto twice = run.gradients();
   std::vector<float> dw0 = once.dw0, dw1 = once.dw1;

@@ -176,7 +176,8 @@ struct Harness {
 };
 
 void check_gradients(const Harness& h) {
-  comet::testing::expect_gradients_match(h.problem, h.reference(), h.gradients(), std::string("fused backward, ") + h.c.name);
+  comet::testing::expect_gradients_match(h.problem, h.dout, h.reference(), h.gradients(),
+                                         std::string("fused backward, ") + h.c.name);
 }
 
 class FusedBackwardCase : public ::testing::TestWithParam<BwdCase> {};

@@ -39,7 +39,13 @@ INSTANTIATE_TEST_SUITE_P(Seeds, FuzzRegression,
                                            // gate gradients of a rank with one or two tokens: 2.4-3.0 %
                                            // off, over the 2 % tolerance of whole arrays, 94fc476
                                            Seed{7, 7, "tolerance"}, Seed{15, 15, "tolerance"},
-                                           Seed{61, 6, "tolerance"}, Seed{68, 6, "tolerance"}),
+                                           Seed{61, 8, "tolerance"}, Seed{68, 6, "tolerance"},
+                                           // the same at 5.7-21 % with one token (a relative bound cannot
+                                           // hold for one cancelling sum): the bound is now 2^-7 x the
+                                           // sum of |terms| per gate gradient
+                                           Seed{143, 16, "tolerance"}, Seed{154, 4, "tolerance"},
+                                           Seed{307, 8, "tolerance"}, Seed{322, 7, "tolerance"},
+                                           Seed{511, 1, "tolerance"}, Seed{545, 6, "tolerance"}),
                          [](const ::testing::TestParamInfo<Seed>& info) {
                            return "family_" + std::to_string(info.param.family);
                          });

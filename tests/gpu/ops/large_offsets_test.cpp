@@ -214,7 +214,8 @@ class BigLayer {
       unshard_add_w0(shape_, par_, int(r), d.dw0.download<float>(size_t(El) * n0 * H), got.dw0);
       unshard_add_w1(shape_, par_, int(r), d.dw1.download<float>(size_t(El) * H * Fs), got.dw1);
     }
-    EXPECT_EQ(compare_gradients(shape_, ref, got), "") << what << ": backward (dx, dgates of the sampled tokens; dW)";
+    EXPECT_EQ(compare_gradients(shape_, ref, got, gate_grad_scales(shape_, weights_, inputs, dout)), "")
+        << what << ": backward (dx, dgates of the sampled tokens; dW)";
   }
 
   MoeShape shape_;

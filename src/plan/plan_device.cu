@@ -53,6 +53,10 @@ DevicePlan::DevicePlan(const PlanConfig& cfg) : cfg_(cfg) {
                                           int(kChunk * kMaxTopK * 4 + 2 * kChunkWarps * kMaxLocalExperts * 4)));
     COMET_CUDA_CHECK(cudaFuncSetAttribute(plan_order_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                           int(kOrderSmemKeysMax)));
+    // The memsets ran on the legacy stream, which a build on a non-blocking stream does not wait for:
+    // without this, a first build could read error_key before it is kNoError (or have its status
+    // zeroed under it). Seen once on the H200 with other processes on the GPU (PlanDevice test).
+    COMET_CUDA_CHECK(cudaStreamSynchronize(cudaStreamLegacy));
   } catch (...) {
     release();
     throw;

@@ -36,13 +36,10 @@ std::string check_dead_peer(IpcTeam& team, bool killed, const std::function<void
   const std::string who = std::string(killed ? "killed" : "absent") + " peer, rank " + std::to_string(rank) + ": ";
   const MoeShape shape{1024, 512, 8, 2, Activation::swiglu};
   const Parallel par{W, 1};
-  const MoeProblem p = MoeProblem::make(shape, par, std::vector<int>(W, 200), RoutingKind::uniform, 31);
-  MoeOptions options;
-  options.layer0 = forced(256, 2);
-  options.layer1 = forced(256, 3);
-  FusedMoe moe(team, shape, par, MoeCapacity{p.max_tokens(), 0}, options);
-  const auto mine = upload_rank(p, rank);
-  moe.set_weights(rank, mine->w0.get(), mine->w1.get());
+  const IpcLayer l = make_ipc_layer(team, shape, par, std::vector<int>(W, 200), RoutingKind::uniform, 31);
+  const MoeProblem& p = l.problem;
+  FusedMoe& moe = *l.moe;
+  const auto& mine = l.mine;
 
   // One right call with everyone: the setup works.
   moe.forward({mine->batch()});

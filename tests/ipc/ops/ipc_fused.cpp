@@ -12,6 +12,19 @@
 
 namespace comet::ipc_test {
 
+IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
+                        testing::RoutingKind kind, uint64_t seed) {
+  using namespace comet::testing;
+  IpcLayer l{MoeProblem::make(shape, par, tokens, kind, seed), nullptr, nullptr};
+  MoeOptions options;
+  options.layer0 = forced(256, 2);
+  options.layer1 = forced(256, 3);
+  l.moe = std::make_unique<FusedMoe>(team, shape, par, MoeCapacity{l.problem.max_tokens(), 0}, options);
+  l.mine = upload_rank(l.problem, team.rank());
+  l.moe->set_weights(team.rank(), l.mine->w0.get(), l.mine->w1.get());
+  return l;
+}
+
 namespace {
 
 // One layer on every rank: the output against the reference (whole and worst row), then a second run
@@ -22,13 +35,10 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
   const int rank = team.rank();
   const std::string what = "fused layer (H " + std::to_string(shape.hidden) + ", k " + std::to_string(shape.topk) +
                            ", ep " + std::to_string(par.ep) + " x tp " + std::to_string(par.tp) + "): ";
-  const MoeProblem p = MoeProblem::make(shape, par, tokens, kind, seed);
-  MoeOptions options;
-  options.layer0 = forced(256, 2);
-  options.layer1 = forced(256, 3);
-  FusedMoe moe(team, shape, par, MoeCapacity{p.max_tokens(), 0}, options);
-  const auto mine = upload_rank(p, rank);
-  moe.set_weights(rank, mine->w0.get(), mine->w1.get());
+  const IpcLayer l = make_ipc_layer(team, shape, par, tokens, kind, seed);
+  const MoeProblem& p = l.problem;
+  FusedMoe& moe = *l.moe;
+  const auto& mine = l.mine;
   moe.forward({mine->batch()});
   moe.sync_and_check();
   const auto got = mine->output();

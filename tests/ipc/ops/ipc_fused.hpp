@@ -2,11 +2,26 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "comet/fused_moe.hpp"
 #include "comet/team.hpp"
+#include "harness/moe_problem.hpp"
 
 namespace comet::ipc_test {
+
+// This process's rank of a fused layer over the team: every process builds the same problem from the
+// same seed and uploads its own tokens and weight shard (forced variants: tile 256, n_comm 2 / 3).
+struct IpcLayer {
+  testing::MoeProblem problem;
+  std::unique_ptr<FusedMoe> moe;
+  std::unique_ptr<testing::DeviceRank> mine;
+};
+IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
+                        testing::RoutingKind kind, uint64_t seed);
+
 // Empty on success, else what failed.
 std::string check_fused_layer(IpcTeam& team);
 // A peer that never comes to a forward, or dies in one (`killed`): the others time out with a precise

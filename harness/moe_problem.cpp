@@ -69,6 +69,12 @@ double relative_error(const std::vector<float>& a, const std::vector<float>& b) 
   return den == 0 ? std::sqrt(num) : std::sqrt(num / den);
 }
 
+bool all_nan(const std::vector<float>& v) {
+  for (float x : v)
+    if (!std::isnan(x)) return false;
+  return true;
+}
+
 double worst_row_error(const std::vector<float>& a, const std::vector<float>& b, int row_len) {
   double worst = 0;
   for (size_t r = 0; r * row_len < b.size(); ++r) {

@@ -47,6 +47,9 @@ inline LayerRequest forced(int tile_n, int n_comm, int m_group = 0, int n_group 
 // ||a - b|| / ||b|| (returns +inf if a has a NaN).
 double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 
+// Whether every value is NaN (what a failed call writes into its outputs).
+bool all_nan(const std::vector<float>& v);
+
 // Largest relative error of a single row: catches one misplaced row that a global norm could hide.
 double worst_row_error(const std::vector<float>& a, const std::vector<float>& b, int row_len);
 

@@ -33,12 +33,6 @@ uint64_t fnv1a(const std::vector<float>& v, uint64_t h) {
   return h;
 }
 
-bool all_nan(const std::vector<float>& v) {
-  for (float x : v)
-    if (!std::isnan(x)) return false;
-  return true;
-}
-
 }  // namespace
 
 FamilyRun::FamilyRun(const Family& family, double timeout_s) : f_(family) {
@@ -182,7 +176,7 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
     }
     for (int r = 0; r < W; ++r)
       if (must_fail[r] && batch.tokens[r] > 0 &&
-          !all_nan(download_bf16_as_float(ranks_[r]->out, size_t(batch.tokens[r]) * H)))
+          !testing::all_nan(download_bf16_as_float(ranks_[r]->out, size_t(batch.tokens[r]) * H)))
         bad << "rank " << r << " refused the call but its output is not all NaN\n";
     o.mismatch = bad.str();
     return o;

@@ -17,12 +17,6 @@ using namespace comet::testing;
 
 namespace {
 
-bool all_nan(const std::vector<float>& v) {
-  for (float x : v)
-    if (!std::isnan(x)) return false;
-  return true;
-}
-
 struct Matrix : ::testing::Test {
   LocalTeam team{2, Link::device};
   TestLayer l{team, kSmallSwiglu, Parallel{2, 1}, {40, 70}, RoutingKind::uniform, 3};

@@ -271,12 +271,6 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
 
 // ---- after a failure (issue 21) ---------------------------------------------------------------------
 
-bool all_nan(const std::vector<float>& v) {
-  for (float f : v)
-    if (!std::isnan(f)) return false;
-  return true;
-}
-
 // A call whose routing the device refuses writes NaN, not the last call's sums, and its error is kept
 // through later good calls until sync_and_check reads it (once).
 TEST(FusedMoe, RefusedRoutingPoisonsItsOutputAndStaysReported) {

@@ -8,13 +8,19 @@
 
 namespace comet::testing {
 
-MoeProblem MoeProblem::make(const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens_per_rank,
-                            RoutingKind kind, uint64_t seed, int hot_expert) {
-  MoeProblem p{shape, par, {}, {}};
+reference::ExpertWeights<float> random_expert_weights(const MoeShape& shape, uint64_t seed) {
   const int H = shape.hidden, F = shape.ffn, E = shape.num_experts;
   // Scales keep pre-activations and outputs O(1): x ~ U(-1,1), w0 ~ U(-1,1)/sqrt(H), w1 ~ U(-1,1)/sqrt(F).
-  p.weights.w0 = random_bf16_values(size_t(E) * shape.w0_rows() * H, 1.5f / std::sqrt(float(H)), seed * 7 + 1);
-  p.weights.w1 = random_bf16_values(size_t(E) * H * F, 1.5f / std::sqrt(float(F)), seed * 7 + 2);
+  reference::ExpertWeights<float> w;
+  w.w0 = random_bf16_values(size_t(E) * shape.w0_rows() * H, 1.5f / std::sqrt(float(H)), seed * 7 + 1);
+  w.w1 = random_bf16_values(size_t(E) * H * F, 1.5f / std::sqrt(float(F)), seed * 7 + 2);
+  return w;
+}
+
+MoeProblem MoeProblem::make(const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens_per_rank,
+                            RoutingKind kind, uint64_t seed, int hot_expert) {
+  MoeProblem p{shape, par, random_expert_weights(shape, seed), {}};
+  const int H = shape.hidden;
   const auto routing = make_routing(shape, par, tokens_per_rank, kind, seed * 7 + 3, hot_expert);
   for (size_t s = 0; s < tokens_per_rank.size(); ++s) {
     reference::RankInput<float> in;

@@ -14,6 +14,10 @@
 
 namespace comet::testing {
 
+// Random full expert weights (w0 [E][w0_rows][H], w1 [E][H][F]), bf16-representable, scaled so that
+// pre-activations and outputs stay O(1) for inputs in [-1, 1].
+reference::ExpertWeights<float> random_expert_weights(const MoeShape& shape, uint64_t seed);
+
 struct MoeProblem {
   MoeShape shape;
   Parallel par;

@@ -41,6 +41,7 @@ const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMo
 }
 
 void MoeEngine::check_grad(int rank, const RankGrad& g) const {
+  COMET_REQUIRE(!team_.closed(), "FusedMoe::backward: the team is closed (IpcTeam::close): no call may run on it");
   const RankState& s = state(rank);
   COMET_REQUIRE(options_.training, "FusedMoe::backward: the layer was built without MoeOptions::training");
   COMET_REQUIRE(s.saved, "FusedMoe::backward: rank ", rank,
@@ -55,7 +56,6 @@ void MoeEngine::check_grad(int rank, const RankGrad& g) const {
 }
 
 void MoeEngine::stage_grad(int rank, const RankGrad& g) {
-  COMET_REQUIRE(!team_.closed(), "FusedMoe::backward: the team is closed (IpcTeam::close): no call may run on it");
   check_grad(rank, g);
   RankState& s = state(rank);
   s.saved = false;

@@ -48,9 +48,9 @@ class MoeEngine {
   void forward_on(const std::vector<RankBatch>& batches, cudaStream_t stream, Part part = Part::whole);
 
   // ---- the steps, per local rank --------------------------------------------------------------------
-  void check_batch(int rank, const RankBatch& batch) const;
+  void check_batch(int rank, const RankBatch& batch) const;  // the refusals of stage, without its effects
   // What the backward's launches (2, 3) are asked: the forward's request of the same kernel.
-  LayerRequest backward_request(int launch) const;  // the refusals of stage, without its effects
+  LayerRequest backward_request(int launch) const;
   void stage(int rank, const RankBatch& batch);
   void prepare(int rank);
   // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).

@@ -41,15 +41,14 @@ FamilyRun::FamilyRun(const Family& family, double timeout_s) : f_(family) {
   auto local = std::make_unique<LocalTeam>(par.world(), f_.link);
   local->set_timeout(timeout_s);
   team_ = std::move(local);
-  const int H = s.hidden, E = s.num_experts;
-  w0_ = testing::random_bf16_values(size_t(E) * s.w0_rows() * H, 1.5f / std::sqrt(float(H)), f_.seed * 7 + 1);
-  w1_ = testing::random_bf16_values(size_t(E) * H * s.ffn, 1.5f / std::sqrt(float(s.ffn)), f_.seed * 7 + 2);
+  const int H = s.hidden;
+  weights_ = testing::random_expert_weights(s, f_.seed);
   fused_ = std::make_unique<FusedMoe>(*team_, s, par, MoeCapacity{f_.max_tokens, f_.max_rows}, f_.options);
   const size_t T = size_t(f_.max_tokens) + 1, k = s.topk;
   const size_t gbytes = f_.grad_type == GradType::f32 ? 4 : 2;
   for (int r = 0; r < par.world(); ++r) {
     auto b = std::make_unique<RankBuffers>();
-    const RankWeights w = shard_weights(s, par, r, w0_, w1_);
+    const RankWeights w = shard_weights(s, par, r, weights_.w0, weights_.w1);
     b->w0 = DeviceBuffer(w.w0);
     b->w1 = DeviceBuffer(w.w1);
     b->x = DeviceBuffer(T * H * 2);
@@ -77,6 +76,25 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
   const auto routing = make_batch_routing(f_, batch);
   MoeEngine& engine = fused_->engine();
 
+  // What the layer must answer: a routing error (every rank sees it), rows over a tight capacity
+  // (the ranks of the EP groups that overflow), or the right numbers.
+  std::string want_error;
+  std::vector<bool> must_fail(W, false);
+  if (batch.fault == Fault::duplicate_id || batch.fault == Fault::id_out_of_range ||
+      batch.fault == Fault::gate_not_finite) {
+    want_error = batch.fault == Fault::duplicate_id   ? "duplicate expert id"
+                 : batch.fault == Fault::id_out_of_range ? "out of range"
+                                                          : "gate weight";
+    must_fail.assign(W, true);
+  } else if (f_.max_rows > 0) {
+    const int cap = (f_.max_rows + 127) / 128 * 128;
+    for (int r = 0; r < W; ++r)
+      if (rows_needed(f_, routing, par.ep_index(r)) > cap) {
+        must_fail[r] = true;
+        want_error = "rows";
+      }
+  }
+
   // Inputs on the host (the reference's) and on the device.
   std::vector<reference::RankInput<float>> inputs(W);
   std::vector<std::vector<float>> dout(W);
@@ -99,7 +117,7 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
     b.gates.upload(in.gates);
     // A refused call must write NaN itself: its output starts as zeros. Otherwise poison: every
     // element of a right answer must have been written.
-    b.out.fill_bytes(batch.fault == Fault::none ? 0xFF : 0x00);
+    b.out.fill_bytes(batch.fault == Fault::none && want_error.empty() ? 0xFF : 0x00);
     engine.poison_buffers(r);
     batches[r] = RankBatch{T, b.x.get(), b.ids.get(), b.gates.as<float>(), b.out.get(), batch.ids_type};
     if (f_.options.training) {
@@ -132,24 +150,6 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
     return o;
   }
 
-  // What the layer must answer: a routing error (every rank sees it), rows over a tight capacity
-  // (the ranks of the EP groups that overflow), or the right numbers.
-  std::string want_error;
-  std::vector<bool> must_fail(W, false);
-  if (batch.fault == Fault::duplicate_id || batch.fault == Fault::id_out_of_range ||
-      batch.fault == Fault::gate_not_finite) {
-    want_error = batch.fault == Fault::duplicate_id   ? "duplicate expert id"
-                 : batch.fault == Fault::id_out_of_range ? "out of range"
-                                                          : "gate weight";
-    must_fail.assign(W, true);
-  } else if (f_.max_rows > 0) {
-    const int cap = (f_.max_rows + 127) / 128 * 128;
-    for (int r = 0; r < W; ++r)
-      if (rows_needed(f_, routing, par.ep_index(r)) > cap) {
-        must_fail[r] = true;
-        want_error = "rows";
-      }
-  }
   const bool refused = !want_error.empty();
   o.refused = refused;
   const bool backward = f_.options.training && !refused;
@@ -192,14 +192,13 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
     o.mismatch = bad.str();
     return o;
   }
-  const reference::ExpertWeights<float> weights{w0_, w1_};
-  bad << testing::compare_outputs(s, reference::forward(s, par, weights, inputs), got);
+  bad << testing::compare_outputs(s, reference::forward(s, par, weights_, inputs), got);
   if (backward) {
     o.checked_backward = true;
     const int El = par.local_experts(s), Fs = par.ffn_shard(s), n0 = s.w0_rows() / par.tp;
     reference::Gradients<float> g;
-    g.dw0.assign(w0_.size(), 0.f);
-    g.dw1.assign(w1_.size(), 0.f);
+    g.dw0.assign(weights_.w0.size(), 0.f);
+    g.dw1.assign(weights_.w1.size(), 0.f);
     auto as_float = [&](const DeviceBuffer& b, size_t n) {
       return f_.grad_type == GradType::f32 ? b.download<float>(n) : download_bf16_as_float(b, n);
     };
@@ -210,8 +209,8 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
       unshard_add_w0(s, par, r, as_float(ranks_[r]->dw0, size_t(El) * n0 * H), g.dw0);
       unshard_add_w1(s, par, r, as_float(ranks_[r]->dw1, size_t(El) * H * Fs), g.dw1);
     }
-    bad << testing::compare_gradients(s, reference::backward(s, par, weights, inputs, dout), g,
-                                      testing::gate_grad_scales(s, weights, inputs, dout));
+    bad << testing::compare_gradients(s, reference::backward(s, par, weights_, inputs, dout), g,
+                                      testing::gate_grad_scales(s, weights_, inputs, dout));
   }
   o.mismatch = bad.str();
   return o;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "comet/fused_moe.hpp"
+#include "comet/reference.hpp"
 #include "harness/device_buffer.hpp"
 #include "tools/fuzz/fuzz_draw.hpp"
 
@@ -39,7 +40,7 @@ class FamilyRun {
   Family f_;
   std::unique_ptr<Team> team_;
   std::unique_ptr<FusedMoe> fused_;
-  std::vector<float> w0_, w1_;  // full weights [E][w0_rows][H], [E][H][F]
+  reference::ExpertWeights<float> weights_;  // full weights [E][w0_rows][H], [E][H][F]
   std::vector<std::unique_ptr<RankBuffers>> ranks_;
 };
 

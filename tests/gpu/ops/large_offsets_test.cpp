@@ -30,6 +30,7 @@
 #include "harness/device_buffer.hpp"
 #include "harness/device_random.hpp"
 #include "harness/layer_compare.hpp"
+#include "harness/moe_problem.hpp"
 #include "harness/routing_gen.hpp"
 #include "ops/moe_engine.hpp"
 
@@ -81,10 +82,9 @@ class BigLayer {
   BigLayer(const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens, uint64_t seed)
       : shape_(shape), par_(par), team_(par.world(), Link::device) {
     team_.set_timeout(30.0);
-    const int H = shape.hidden, F = shape.ffn, E = shape.num_experts, k = shape.topk, W = par.world();
+    const int H = shape.hidden, E = shape.num_experts, k = shape.topk, W = par.world();
     const int El = par.local_experts(shape), Fs = par.ffn_shard(shape), n0 = shape.w0_rows() / par.tp;
-    weights_.w0 = random_bf16_values(size_t(E) * shape.w0_rows() * H, 1.5f / std::sqrt(float(H)), seed * 7 + 1);
-    weights_.w1 = random_bf16_values(size_t(E) * H * F, 1.5f / std::sqrt(float(F)), seed * 7 + 2);
+    weights_ = random_expert_weights(shape, seed);
     routing_ = make_routing(shape, par, tokens, RoutingKind::uniform, seed * 7 + 3);
 
     // Exactly the rows the routing needs (the default, W T min(k, E_l) + padding, would double TwoRanks'

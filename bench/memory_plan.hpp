@@ -13,9 +13,10 @@ struct MemoryNeed {
   double host_pinned_bytes = 0;  // link=host: every rank's exported buffers
 };
 
-// T_cap tokens and rows_cap gathered rows per rank, W = par.world() ranks, weights for rank 0 only
-// (the other ranks share them: only rank 0 computes), GEMM0 scratch for two baselines on rank 0.
-// training: the layer's training buffers on every rank and rank 0's gradients (bf16 weight gradients).
+// T_cap tokens and rows_cap gathered rows per rank (a multiple of 128), W = par.world() ranks. Only
+// rank 0 computes (MoeOptions::compute_ranks): its private buffers (layer_footprint), weights (shared
+// by every rank) and GEMM0 scratch for two baselines; every rank exports its symmetric buffers and
+// holds its batch. training: the layer's training buffers and rank 0's gradients (bf16).
 MemoryNeed memory_need(const MoeShape& shape, const Parallel& par, Link link, int max_tokens, int max_rows,
                        bool training);
 

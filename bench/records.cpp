@@ -113,6 +113,9 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     o.number("max_ms", r.max_ms);
     o.integer("rows", r.rows);
     o.integer("link_rows", r.link_rows);
+    o.integer("layer_bytes_per_rank", r.layer_bytes_per_rank);
+    o.integer("tokens_cap", r.tokens_cap);
+    o.integer("rows_cap", r.rows_cap);
     os << "  " << o.done() << (i + 1 < records.size() ? ",\n" : "\n");
   }
   os << "]\n";

@@ -45,6 +45,10 @@ struct Record {
   double min_ms = 0, max_ms = 0;
   long long rows = 0;         // rank 0's real rows
   long long link_rows = 0;    // rows that crossed the link (layer 0: pulled units; layer 1: shipped partials)
+  // The group's layer, built once at the largest case's capacity: FusedMoe::device_bytes_per_rank (a
+  // computing rank's private and symmetric buffers), its T_cap and rows_cap.
+  long long layer_bytes_per_rank = 0;
+  int tokens_cap = 0, rows_cap = 0;
 };
 
 struct RunInfo {

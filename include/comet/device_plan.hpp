@@ -8,6 +8,9 @@
 
 namespace comet {
 
+// Bytes of the device builder's scratch for this configuration (besides plan_bytes' arrays).
+size_t plan_scratch_bytes(const PlanConfig& cfg);
+
 class DevicePlan {
  public:
   DevicePlan() = default;
@@ -21,6 +24,7 @@ class DevicePlan {
 
   const PlanConfig& config() const { return cfg_; }
   const PlanView& view() const { return view_; }  // device pointers
+  size_t device_bytes() const { return storage_ ? plan_bytes(cfg_) + scratch_bytes_ : 0; }  // what it allocated
 
   // Enqueues the build on `stream`. `peer_routing` is a device array of W pointers, entry s pointing
   // at rank s's routing buffer (layout RoutingBufferLayout{cap.max_tokens_per_rank, k}), readable

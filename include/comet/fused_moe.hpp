@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "comet/footprint.hpp"
 #include "comet/shape.hpp"
 #include "comet/team.hpp"
 #include "comet/variant.hpp"
@@ -28,13 +29,6 @@
 namespace comet {
 
 class MoeEngine;
-
-struct MoeCapacity {
-  int max_tokens_per_rank = 0;  // T_cap: most tokens one rank may pass in a call
-  // Rows of each rank's gathered buffer (padding to 128 rows per expert included). 0: the worst case,
-  // W * T_cap * min(k, E_l) + E_l * 127 rounded up (safe, but large for big shapes).
-  int max_rows_per_rank = 0;
-};
 
 // Where the rank-private buffers come from (the gathered rows, hidden, expert outputs, flags): by
 // default cudaMalloc; a framework passes its own (torch's caching allocator) so that it accounts for
@@ -69,6 +63,11 @@ struct MoeOptions {
   // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
   std::string tune_table;
   DeviceAllocator allocator;  // empty: cudaMalloc / cudaFree
+  // Ranks that run the layer here (empty: every local rank). A local rank not listed only stages its
+  // tokens for its peers to pull (the engine's stage step): it exports its symmetric buffers but holds
+  // no gathered rows, hidden, expert outputs, flags or plan. For benchmarks that time one of W virtual
+  // ranks on one GPU; the whole-layer calls (forward, backward) need every local rank to compute.
+  std::vector<int> compute_ranks;
 };
 
 // Element type of the expert ids a caller passes (torch.topk gives int64).
@@ -150,8 +149,17 @@ class FusedMoe {
   // schedule, where the choice came from).
   // layer: 0, 1, or the backward's launches 2 (backward of layer 1) and 3 (of layer 0), comet/tune.hpp.
   const LaunchDecision& last_decision(int rank, int layer) const;
-  // Device memory this layer holds per local rank (its private buffers and its symmetric ones).
+  // Device memory this layer holds per local rank that computes (its private buffers and its symmetric
+  // ones): layer_footprint(shape, parallel, capacity, training).total() (comet/footprint.hpp).
   size_t device_bytes_per_rank() const;
+
+  // Collective (every process, in the same order as the team's other collective calls): frees the
+  // layer's symmetric buffers (Team::free_symmetric) and its private ones; any later call is refused.
+  // The destructor does the same on a team of one process. On a team that spans processes (IpcTeam)
+  // the destructor frees only the private buffers and leaves the symmetric ones to the team (released
+  // by IpcTeam::close or its destructor), since freeing them needs every peer: call close() on every
+  // rank to give them back earlier. A second close() does nothing.
+  void close();
 
   const MoeShape& shape() const;
   const Parallel& parallel() const;

@@ -80,6 +80,14 @@ class Team {
 
   // Collective: every process calls it in the same order with the same size. Zero-initialised.
   virtual SymmetricId alloc_symmetric(size_t bytes) = 0;
+  // Collective: every process frees the same buffer, in the same order relative to the other
+  // collective calls. Waits for the local ranks' streams first (their kernels may still use it); after
+  // it, the id is refused. IpcTeam meets every peer twice (see IpcTeam::free_symmetric).
+  virtual void free_symmetric(SymmetricId buf) = 0;
+  // Bytes of the symmetric buffers this process holds for one rank, freed ones excluded.
+  size_t symmetric_bytes_in_use() const;
+  // Whether other processes drive some of the ranks (collective calls then need every process).
+  bool spans_processes() const { return local_ranks().size() < size_t(world_); }
   // `rank`'s own copy, as `rank` addresses it (rank must be local).
   void* local_ptr(SymmetricId buf, int rank) const;
   // Device array [W]: entry p is peer p's copy as `rank` addresses it (entry rank == local_ptr).
@@ -129,6 +137,7 @@ class Team {
   };
   struct Allocation {
     size_t bytes = 0;
+    bool freed = false;
     std::vector<void*> local;            // [local rank slot] own copy
     std::vector<std::vector<void*>> peers;  // [local rank slot][W]
     std::vector<void**> peers_dev;          // [local rank slot] device copy of peers
@@ -138,6 +147,8 @@ class Team {
   void init_local_rank_state(int n_local);
   int slot_of(int rank) const;  // index of a local rank in local_ranks()
   SymmetricId register_allocation(Allocation a);
+  // The allocation's tables released and the id marked freed (the backend frees the memory itself).
+  Allocation retire_allocation(SymmetricId buf);
   void release_base() noexcept;
 
   int world_;
@@ -157,6 +168,7 @@ class LocalTeam final : public Team {
   ~LocalTeam() override;
   std::vector<int> local_ranks() const override;
   SymmetricId alloc_symmetric(size_t bytes) override;
+  void free_symmetric(SymmetricId buf) override;  // one process: no peer to meet
   // Event join across the W streams.
   void barrier() override;
 
@@ -177,6 +189,12 @@ class IpcTeam final : public Team {
   ~IpcTeam() override;
   std::vector<int> local_ranks() const override;
   SymmetricId alloc_symmetric(size_t bytes) override;
+  // Collective: drains this rank's stream, meets every peer (all-gather of the id: a peer freeing
+  // another buffer is an InvalidArgument, and nothing is freed), closes this process's mappings of the
+  // peers' copies, meets every peer again (so that no mapping of this rank's copy is left open
+  // anywhere), then frees its own copy. A peer that never arrives makes the all-gather fail (bounded by
+  // its own timeout): the mappings and the copy are released all the same, and the error is raised.
+  void free_symmetric(SymmetricId buf) override;
   // Device barrier over the signal words (graph-safe: its epoch lives in device memory).
   void barrier() override;
   void require_agreement(const void* mine, size_t bytes, const std::string& what) override;

@@ -10,11 +10,11 @@ The ops (torch.library, namespace comet) are in comet.ops; weight layouts in com
 from ._lib import CudaError, DeviceError, DeviceTimeout, InvalidArgument, cuda_ready
 from ._lib import C as _C
 from .layer import MoELayer, SharedExpert, route
-from .ops import FusedMoE
+from .ops import FusedMoE, layer_footprint
 from .team import Team
 from . import ops, weights
 
 __version__ = _C.version()
 
-__all__ = ["MoELayer", "SharedExpert", "FusedMoE", "Team", "route", "ops", "weights", "cuda_ready",
+__all__ = ["MoELayer", "SharedExpert", "FusedMoE", "layer_footprint", "Team", "route", "ops", "weights", "cuda_ready",
            "InvalidArgument", "DeviceError", "DeviceTimeout", "CudaError"]

@@ -58,7 +58,8 @@ class MoELayer(nn.Module):
     tensor per rank (lists). The output is in the caller's token order and shape.
 
     The tuner picks each launch's variant; tile_n / n_comm (pairs for layer 0 and layer 1) force one.
-    Device memory: see comet.FusedMoE (``self.engine.device_bytes_per_rank``).
+    Device memory: see comet.FusedMoE (``self.engine.device_bytes_per_rank``; max_rows / load_factor size
+    the gathered buffers for the load you expect). ``close()`` gives the memory back before the layer goes.
 
     Training (training=True, the default): autograd fills w0.grad and w1.grad, the inputs' gradients and
     the gate weights' (so the router, or the caller's routing, trains through them). A backward pairs
@@ -73,7 +74,8 @@ class MoELayer(nn.Module):
 
     def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
                  activation: str = "swiglu", *, team: Optional[Team] = None, max_tokens: int = 4096,
-                 max_rows: int = 0, router: bool = False, renormalize: bool = True, shared_ffn: int = 0,
+                 max_rows: int = 0, load_factor: float = 0.0, router: bool = False, renormalize: bool = True,
+                 shared_ffn: int = 0,
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: bool = True):
@@ -83,7 +85,8 @@ class MoELayer(nn.Module):
         self.team = team or Team.local(1)
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,
-                               max_tokens=max_tokens, max_rows=max_rows, tile_n=tile_n, n_comm=n_comm,
+                               max_tokens=max_tokens, max_rows=max_rows, load_factor=load_factor,
+                               tile_n=tile_n, n_comm=n_comm,
                                adaptive_split=adaptive_split, batch_invariant=batch_invariant,
                                checking=checking, training=training)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
@@ -95,6 +98,11 @@ class MoELayer(nn.Module):
         self.router = nn.Linear(hidden_size, num_experts, bias=False, dtype=dtype, device=device) if router else None
         self.shared = SharedExpert(hidden_size, shared_ffn, dtype, device) if shared_ffn > 0 else None
         self.reset_parameters()
+
+    def close(self) -> None:
+        """Frees the layer's device buffers now (collective on a torchrun team: every process closes its
+        layer, in the same order); later calls raise. See comet.FusedMoE.close."""
+        self.engine.close()
 
     def reset_parameters(self) -> None:
         # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).

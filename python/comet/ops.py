@@ -55,6 +55,19 @@ _registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
 
+def layer_footprint(hidden_size: int, ffn_size: int, num_experts: int, top_k: int, activation: str = "swiglu", *,
+                    ep: int = 1, tp: int = 1, max_tokens: int, max_rows: int = 0, load_factor: float = 0.0,
+                    training: bool = False) -> dict:
+    """Device bytes one rank of a FusedMoE with these arguments holds, by buffer, without building it
+    (comet/footprint.hpp): gathered, expert_out (0 when it shares the gathered rows), hidden,
+    self_partial, flags, plan, training, symmetric (exported; pinned host memory with link="host"), and
+    compute, total, max_rows (resolved). A layer's device_bytes_per_rank is this total."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+    return _lib.C.layer_footprint(hidden_size, ffn_size, num_experts, top_k, activation, ep, tp, max_tokens,
+                                  max_rows, load_factor, training)
+
+
 class FusedMoE:
     """A distributed MoE layer's engine without parameters: buffers, team, tuner. Call it with the expert
     weights (see comet.weights for their layout), or use comet.MoELayer, which owns them.
@@ -66,11 +79,15 @@ class FusedMoE:
     layer's last forward).
 
     Device memory per local rank (bf16, T = max_tokens, R = max_rows, W ranks):
-      gathered tokens and expert outputs 2 R H, hidden R F/tp, own partials T H, and the exported
-      buffers (tokens T H, receive slots W T H, routing T k 8 bytes), all x 2 bytes for bf16;
+      gathered tokens 2 R H (the expert outputs reuse them when training=False; training=True holds them
+      apart, 2 R H more), hidden 2 R F/tp, own partials 2 T H, and the exported buffers (tokens 2 T H,
+      receive slots 2 W T H, routing 8 T k).
       R defaults to the worst case W T min(k, E/ep) + 127 E/ep (every token of every rank on this rank's
-      experts); give max_rows to size it for the load you expect (a call that needs more rows is refused
-      on the device and reported). ``device_bytes_per_rank`` gives the total.
+      experts). max_rows sizes it for the load you expect, or load_factor does: R = load_factor times
+      the mean load of uniform routing, W T k / ep, plus the padding (1.5-2 covers a typical imbalance).
+      A call that needs more rows is refused on the device and reported (PlanError rows_over_capacity,
+      naming the rows it needed; its outputs are NaN). ``device_bytes_per_rank`` gives the total, and
+      comet.layer_footprint the parts before a layer is built.
     training=True adds [R, N0_s] bf16 (layer 0's pre-activations, N0_s = 2 F/tp for swiglu, else F/tp),
       [R, H] bf16 (the gathered output gradients), [R] fp32 (gate-gradient partials) and, where
       F/tp > H, [R, F/tp] bf16 (the backward's D = G W1 rows; else they reuse the expert-output
@@ -78,7 +95,7 @@ class FusedMoE:
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
-                 activation: str = "swiglu", *, max_tokens: int, max_rows: int = 0,
+                 activation: str = "swiglu", *, max_tokens: int, max_rows: int = 0, load_factor: float = 0.0,
                  tile_n: tuple[Optional[int], Optional[int]] = (None, None),
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
@@ -99,8 +116,8 @@ class FusedMoE:
         self.activation, self.training = activation, training
         self.native = _lib.C.FusedMoe(
             team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
-            max_rows, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0], layer1_tile_n=tile_n[1],
-            layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, batch_invariant=batch_invariant,
+            max_rows, load_factor=load_factor, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0],
+            layer1_tile_n=tile_n[1], layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, batch_invariant=batch_invariant,
             checking=checking, training=training, tune_table=tune_table,
             allocate=alloc, release=release)
         # Plain attributes (not calls into the extension), so that torch.compile traces a call without a break.
@@ -120,6 +137,14 @@ class FusedMoE:
     def last_decision(self, layer: int, rank: Optional[int] = None) -> dict:
         """What the launch planner chose for the last launch of a layer (tile, comm blocks, schedule, source)."""
         return self.native.last_decision(self.local_ranks[0] if rank is None else rank, layer)
+
+    def close(self) -> None:
+        """Frees the layer's device buffers now; later calls raise. Collective on a team of several processes
+        (Team.from_process_group): every process closes its layer, in the same order as the team's other
+        collective calls. Without it a local team's layer frees them when it is collected, and a
+        process-group team's layer gives its private buffers back then and its exported ones at
+        Team.close()."""
+        self.native.close()
 
     def synchronize(self) -> None:
         """Waits for the local ranks and raises what the device reported (timeouts, bad expert ids)."""

@@ -158,6 +158,32 @@ NB_MODULE(_C, m) {
   nb::exception<CudaError>(m, "CudaError", PyExc_RuntimeError);
 
   m.def("version", [] { return std::string(version()); });
+  m.def(
+      "layer_footprint",
+      [](int hidden, int ffn, int experts, int topk, const std::string& activation, int ep, int tp, int max_tokens,
+         int max_rows, double load_factor, bool training) {
+        const MoeShape shape{hidden, ffn, experts, topk, activation_of(activation)};
+        const Parallel par{ep, tp};
+        validate(shape, par);
+        const MoeCapacity cap = resolve_capacity(shape, par, MoeCapacity{max_tokens, max_rows, load_factor});
+        const LayerFootprint f = layer_footprint(shape, par, cap, training);
+        nb::dict d;
+        d["gathered"] = f.gathered;
+        d["expert_out"] = f.expert_out;
+        d["hidden"] = f.hidden;
+        d["self_partial"] = f.self_partial;
+        d["flags"] = f.flags;
+        d["plan"] = f.plan;
+        d["training"] = f.training;
+        d["symmetric"] = f.symmetric;
+        d["compute"] = f.compute();
+        d["total"] = f.total();
+        d["max_rows"] = cap.max_rows_per_rank;
+        return d;
+      },
+      nb::arg("hidden"), nb::arg("ffn"), nb::arg("experts"), nb::arg("topk"), nb::arg("activation"), nb::arg("ep"),
+      nb::arg("tp"), nb::arg("max_tokens"), nb::arg("max_rows") = 0, nb::arg("load_factor") = 0.0,
+      nb::arg("training") = false);
   m.def("cuda_device_count", [] {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -199,7 +225,7 @@ NB_MODULE(_C, m) {
       .def(
           "__init__",
           [](FusedMoe* self, Team& team, int hidden, int ffn, int experts, int topk, const std::string& activation,
-             int ep, int tp, int max_tokens, int max_rows, std::optional<int> layer0_tile_n,
+             int ep, int tp, int max_tokens, int max_rows, double load_factor, std::optional<int> layer0_tile_n,
              std::optional<int> layer0_n_comm, std::optional<int> layer1_tile_n, std::optional<int> layer1_n_comm,
              bool adaptive_split, bool batch_invariant, bool checking, bool training, const std::string& tune_table,
              std::optional<nb::object> allocate, std::optional<nb::object> release) {
@@ -213,11 +239,12 @@ NB_MODULE(_C, m) {
             o.tune_table = tune_table;
             o.allocator = allocator_from(std::move(allocate), std::move(release));
             new (self) FusedMoe(team, MoeShape{hidden, ffn, experts, topk, activation_of(activation)},
-                                Parallel{ep, tp}, MoeCapacity{max_tokens, max_rows}, o);
+                                Parallel{ep, tp}, MoeCapacity{max_tokens, max_rows, load_factor}, o);
           },
           nb::keep_alive<1, 2>(),  // the team outlives the layer
           nb::arg("team"), nb::arg("hidden"), nb::arg("ffn"), nb::arg("experts"), nb::arg("topk"),
           nb::arg("activation"), nb::arg("ep"), nb::arg("tp"), nb::arg("max_tokens"), nb::arg("max_rows") = 0,
+          nb::arg("load_factor") = 0.0,
           nb::arg("layer0_tile_n") = nb::none(), nb::arg("layer0_n_comm") = nb::none(),
           nb::arg("layer1_tile_n") = nb::none(), nb::arg("layer1_n_comm") = nb::none(),
           nb::arg("adaptive_split") = true, nb::arg("batch_invariant") = false, nb::arg("checking") = false,
@@ -284,6 +311,7 @@ NB_MODULE(_C, m) {
           },
           nb::arg("grads"), nb::arg("stream"), nb::arg("grad_type") = "bf16", nb::arg("accumulate") = false)
       .def("sync_and_check", &FusedMoe::sync_and_check)
+      .def("close", &FusedMoe::close)  // keeps the GIL: an IpcTeam's all-gather is Python
       .def(
           "last_decision", [](const FusedMoe& m, int rank, int layer) { return decision_dict(m.last_decision(rank, layer)); },
           nb::arg("rank"), nb::arg("layer"))

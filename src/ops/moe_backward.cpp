@@ -42,7 +42,7 @@ const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMo
 
 void MoeEngine::check_grad(int rank, const RankGrad& g) const {
   COMET_REQUIRE(!team_.closed(), "FusedMoe::backward: the team is closed (IpcTeam::close): no call may run on it");
-  const RankState& s = state(rank);
+  const RankState& s = compute_state(rank);
   COMET_REQUIRE(options_.training, "FusedMoe::backward: the layer was built without MoeOptions::training");
   COMET_REQUIRE(s.saved, "FusedMoe::backward: rank ", rank,
                 " has no forward to differentiate: backward needs a whole forward since the last backward "
@@ -57,7 +57,7 @@ void MoeEngine::check_grad(int rank, const RankGrad& g) const {
 
 void MoeEngine::stage_grad(int rank, const RankGrad& g) {
   check_grad(rank, g);
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   s.saved = false;
   s.dout = g.dout;
   if (s.tokens == 0) return;
@@ -66,7 +66,7 @@ void MoeEngine::stage_grad(int rank, const RankGrad& g) {
 }
 
 void MoeEngine::prepare_grad(int rank) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   kernels::advance_epoch(s.sync.epoch, s.stream);
   const PlanView plan = s.plan.view();
   const int H = shape_.hidden, El = par_.local_experts(shape_);
@@ -79,7 +79,7 @@ void MoeEngine::prepare_grad(int rank) {
 }
 
 void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& request) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
   const PlannedLaunch& planned = grad_plan(1, s, mode, request);
   const LaunchDecision& d = planned.decision;
@@ -114,7 +114,7 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
 }
 
 void MoeEngine::grad_gates(int rank) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   kernels::ShipGateGradsArgs a{};
   a.partials = s.gate_partials;
   a.partial_ld = gate_blocks();
@@ -129,10 +129,10 @@ void MoeEngine::grad_gates(int rank) {
 }
 
 void MoeEngine::grad_weights1(int rank, const RankGrad& g, const BackwardOptions& o) {
-  grad_weights1_on(state(rank), g, o, state(rank).stream);
+  grad_weights1_on(compute_state(rank), g, o, compute_state(rank).stream);
 }
 void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions& o) {
-  grad_weights0_on(state(rank), g, o, state(rank).stream);
+  grad_weights0_on(compute_state(rank), g, o, compute_state(rank).stream);
 }
 
 // dW1_e = G_e^T (g h)_e: P = G [rows][H], Q = the gated hidden rows [rows][F_s].
@@ -164,7 +164,7 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
 }
 
 void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& request) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w0 || mode == LayerMode::comm_only, "FusedMoe: no weights (w0) set for rank ", rank);
   const PlannedLaunch& planned = grad_plan(0, s, mode, request);
   const LaunchDecision& d = planned.decision;
@@ -185,7 +185,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
 }
 
 void MoeEngine::finish_grad(int rank, const RankGrad& g) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   // The routing as the forward staged it (int32 ids): the caller's ids need not live this long.
   const RoutingBufferLayout layout{cap_.max_tokens_per_rank, shape_.topk};
   const int32_t* ids = layout.view(team_.local_ptr(routing_sym_, rank)).ids;
@@ -208,7 +208,7 @@ void MoeEngine::finish_grad(int rank, const RankGrad& g) {
 
 void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o, const LayerRequest& request1,
                            const LayerRequest& request0) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   prepare_grad(rank);
   grad_layer1(rank, LayerMode::fused, request1);
   grad_gates(rank);
@@ -251,9 +251,9 @@ void MoeEngine::backward_on(const std::vector<RankGrad>& grads, cudaStream_t str
   if (options_.checking) sync_and_check();
 }
 
-void* MoeEngine::pre_activation(int rank) const { return state(rank).pre; }
-void* MoeEngine::grad_gathered(int rank) const { return state(rank).grad_rows; }
-float* MoeEngine::gate_partials(int rank) const { return state(rank).gate_partials; }
+void* MoeEngine::pre_activation(int rank) const { return compute_state(rank).pre; }
+void* MoeEngine::grad_gathered(int rank) const { return compute_state(rank).grad_rows; }
+float* MoeEngine::gate_partials(int rank) const { return compute_state(rank).gate_partials; }
 
 void FusedMoe::backward(const RankGrad& grad, cudaStream_t stream, const BackwardOptions& options) {
   COMET_REQUIRE(engine_->team().local_ranks().size() == 1, "FusedMoe::backward(grad, stream): this process drives ",

@@ -19,16 +19,6 @@ namespace {
 
 constexpr int kTileM = kernels::kTileM;
 
-int round_up(long long v, int to) { return int((v + to - 1) / to * to); }
-
-int default_rows(const MoeShape& s, const Parallel& p, int max_tokens) {
-  const int el = p.local_experts(s);
-  const long long rows = (long long)p.world() * max_tokens * std::min(s.topk, el) + (long long)el * (kTileM - 1);
-  COMET_REQUIRE(rows < (1LL << 31) - kTileM, "FusedMoe: the worst-case gathered buffer has ", rows,
-                " rows; give MoeCapacity::max_rows_per_rank explicitly");
-  return round_up(std::max(rows, 1LL), kTileM);
-}
-
 bool checking_from_env() {
   const char* v = std::getenv("COMET_CHECK");
   return v && std::string(v) == "1";
@@ -66,8 +56,8 @@ void* MoeEngine::alloc(RankState& s, size_t bytes) {
     COMET_CUDA_CHECK(cudaMalloc(&p, bytes));
   }
   s.owned.push_back(p);
+  s.private_bytes += bytes;
   COMET_CUDA_CHECK(cudaMemset(p, 0, bytes));
-  if (ranks_.empty()) device_bytes_per_rank_ += bytes;  // the first local rank's buffers (all ranks' are alike)
   return p;
 }
 
@@ -84,11 +74,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   COMET_REQUIRE(team_.world() == par_.world(), "FusedMoe: the team has ", team_.world(), " ranks but ep x tp = ",
                 par_.ep, " x ", par_.tp, " = ", par_.world());
   COMET_REQUIRE(par_.ep <= 32, "FusedMoe: ep > 32 is not supported (got ", par_.ep, ")");
-  COMET_REQUIRE(cap_.max_tokens_per_rank > 0, "FusedMoe: MoeCapacity::max_tokens_per_rank must be positive");
-  COMET_REQUIRE(cap_.max_rows_per_rank >= 0, "FusedMoe: MoeCapacity::max_rows_per_rank must be >= 0");
-  // The default's limit (default_rows) for an explicit count too: rounded up to kTileM, it must stay an int.
-  COMET_REQUIRE(cap_.max_rows_per_rank <= (1LL << 31) - kTileM, "FusedMoe: MoeCapacity::max_rows_per_rank (",
-                cap_.max_rows_per_rank, ") must be at most 2^31 - ", kTileM);
+  cap_ = resolve_capacity(shape_, par_, cap_);
+  for (int r : options_.compute_ranks)
+    COMET_REQUIRE(r >= 0 && r < par_.world(), "FusedMoe: MoeOptions::compute_ranks holds rank ", r, ", not in [0, ",
+                  par_.world(), ")");
   COMET_REQUIRE(bool(options_.allocator.allocate) == bool(options_.allocator.release),
                 "FusedMoe: DeviceAllocator needs both allocate and release (or neither)");
   if (!options_.allocator.release) options_.allocator.release = [](void* p) { cudaFree(p); };
@@ -100,8 +89,6 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     team_.require_agreement(config, sizeof(config),
                             "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens, training)");
   }
-  cap_.max_rows_per_rank = cap_.max_rows_per_rank == 0 ? default_rows(shape_, par_, cap_.max_tokens_per_rank)
-                                                       : round_up(cap_.max_rows_per_rank, kTileM);
   set_dispatch_store_lag(options_.dispatch_store_lag);
   options_.checking = options_.checking || checking_from_env();
   // A forced variant that cannot run (a tile not compiled for the layer, too many comm blocks) is
@@ -118,12 +105,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   x_sym_ = team_.alloc_symmetric(size_t(T) * row_bytes);
   routing_sym_ = team_.alloc_symmetric(RoutingBufferLayout{T, shape_.topk}.bytes());
   recv_sym_ = team_.alloc_symmetric(size_t(W) * T * row_bytes);
-  device_bytes_per_rank_ =
-      team_.symmetric_bytes(x_sym_) + team_.symmetric_bytes(routing_sym_) + team_.symmetric_bytes(recv_sym_);
-  if (options_.training) {
-    gate_recv_sym_ = team_.alloc_symmetric(size_t(W) * T * shape_.topk * sizeof(float));
-    device_bytes_per_rank_ += team_.symmetric_bytes(gate_recv_sym_);
-  }
+  if (options_.training) gate_recv_sym_ = team_.alloc_symmetric(size_t(W) * T * shape_.topk * sizeof(float));
 
   const int rows = cap_.max_rows_per_rank;
   const int max_tiles = rows / kTileM;
@@ -134,16 +116,22 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     s->rank = r;
     s->stream = team_.stream(r);
     s->release = options_.allocator.release;
-    s->plan = DevicePlan(PlanConfig{shape_, par_, r, kTileM, PlanCapacity{T, rows}});
-    s->a = alloc(*s, size_t(rows) * row_bytes);
-    s->hid = alloc(*s, size_t(rows) * par_.ffn_shard(shape_) * 2);
-    s->hid_call = s->hid;
-    s->y = alloc(*s, size_t(rows) * row_bytes);
-    s->self_partial = alloc(*s, size_t(T) * row_bytes);
-    s->sync_bytes = kernels::LayerSync::bytes(max_tiles, max_n_blocks);
-    s->sync = kernels::LayerSync::carve(alloc(*s, s->sync_bytes), max_tiles, max_n_blocks);
-    s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, kLaunchLayers * 4));
-    if (options_.training) {
+    s->computes = options_.compute_ranks.empty() || std::count(options_.compute_ranks.begin(),
+                                                                 options_.compute_ranks.end(), r) > 0;
+    if (s->computes) {
+      s->plan = DevicePlan(PlanConfig{shape_, par_, r, kTileM, PlanCapacity{T, rows}});
+      s->a = alloc(*s, size_t(rows) * row_bytes);
+      s->hid = alloc(*s, size_t(rows) * par_.ffn_shard(shape_) * 2);
+      s->hid_call = s->hid;
+      // Without training, A is dead once layer 0 has ended and layer 1 writes Y from scratch: they
+      // share memory. Training keeps A for dW0 and uses Y for the backward's D and dA.
+      s->y = options_.training ? alloc(*s, size_t(rows) * row_bytes) : s->a;
+      s->self_partial = alloc(*s, size_t(T) * row_bytes);
+      s->sync_bytes = kernels::LayerSync::bytes(max_tiles, max_n_blocks);
+      s->sync = kernels::LayerSync::carve(alloc(*s, s->sync_bytes), max_tiles, max_n_blocks);
+      s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, kLaunchLayers * 4));
+    }
+    if (s->computes && options_.training) {
       int least = 0, greatest = 0;
       COMET_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
       COMET_CUDA_CHECK(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, least));
@@ -160,12 +148,55 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->joined, cudaEventDisableTiming));
     ranks_.push_back(std::move(s));
   }
+  // What one computing rank holds: its private buffers, its plan, its symmetric buffers. The GPU test
+  // FusedMoeMemory.FootprintIsWhatIsAllocated holds it to layer_footprint(), the sizes' one statement.
+  device_bytes_per_rank_ = team_.symmetric_bytes(x_sym_) + team_.symmetric_bytes(routing_sym_) +
+                           team_.symmetric_bytes(recv_sym_) +
+                           (options_.training ? team_.symmetric_bytes(gate_recv_sym_) : 0);
+  for (const auto& s : ranks_) {
+    if (!s->computes) continue;
+    device_bytes_per_rank_ += s->private_bytes + s->plan.device_bytes();
+    break;
+  }
   // The zeroing above ran on the legacy stream; the ranks' non-blocking streams do not wait for it.
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 MoeEngine::~MoeEngine() {
   for (const auto& s : ranks_) cudaStreamSynchronize(s->stream);
+  if (closed_ || team_.closed() || team_.spans_processes()) return;  // see FusedMoe::close
+  try {
+    free_symmetric();
+  } catch (const std::exception&) {
+    // A destructor does not throw; the team frees what is left when it goes.
+  }
+}
+
+MoeEngine::RankState& MoeEngine::compute_state(int rank) const {
+  COMET_REQUIRE(!closed_, "FusedMoe: the layer is closed (FusedMoe::close): no call may run on it");
+  RankState& s = state(rank);
+  COMET_REQUIRE(s.computes, "FusedMoe: rank ", rank,
+                " does not compute here (MoeOptions::compute_ranks): it only stages its tokens");
+  return s;
+}
+
+void MoeEngine::close() {
+  if (closed_) return;
+  closed_ = true;
+  for (const auto& s : ranks_) COMET_CUDA_CHECK(cudaStreamSynchronize(s->stream));
+  for (const auto& s : ranks_) s->free_buffers();
+  free_symmetric();
+}
+
+// Collective on a team that spans processes (MoeEngine::close); the destructor calls it only where
+// it is not (one process drives every rank).
+void MoeEngine::free_symmetric() {
+  for (SymmetricId* id : {&x_sym_, &routing_sym_, &recv_sym_, &gate_recv_sym_}) {
+    if (id->id < 0) continue;
+    const SymmetricId buf = *id;
+    *id = SymmetricId{};
+    team_.free_symmetric(buf);
+  }
 }
 
 MoeEngine::RankState& MoeEngine::state(int rank) const {
@@ -191,6 +222,7 @@ void MoeEngine::set_weights(int rank, const void* w0, const void* w1) {
 
 void MoeEngine::check_batch(int rank, const RankBatch& b) const {
   COMET_REQUIRE(!team_.closed(), "FusedMoe: the team is closed (IpcTeam::close): no call may run on it");
+  COMET_REQUIRE(!closed_, "FusedMoe: the layer is closed (FusedMoe::close): no call may run on it");
   const RankState& s = state(rank);
   COMET_REQUIRE(b.tokens >= 0 && b.tokens <= cap_.max_tokens_per_rank, "FusedMoe: rank ", rank, " passes ", b.tokens,
                 " tokens; capacity is ", cap_.max_tokens_per_rank, " per rank");
@@ -230,7 +262,7 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
 }
 
 void MoeEngine::prepare(int rank) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   s.plan.build(team_.peer_ptrs(routing_sym_, rank), s.stream);
   kernels::advance_epoch(s.sync.epoch, s.stream);
   if (s.tokens > 0) {
@@ -239,7 +271,7 @@ void MoeEngine::prepare(int rank) {
 }
 
 void MoeEngine::advance_epoch(int rank) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   kernels::advance_epoch(s.sync.epoch, s.stream);
 }
 
@@ -264,7 +296,7 @@ void MoeEngine::poison_buffers(int rank) {
 }
 
 void MoeEngine::set_epoch(int rank, uint64_t epoch) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   COMET_CUDA_CHECK(cudaMemcpyAsync(s.sync.epoch, &epoch, sizeof(epoch), cudaMemcpyHostToDevice, s.stream));
   COMET_CUDA_CHECK(cudaStreamSynchronize(s.stream));
 }
@@ -280,7 +312,7 @@ const LaunchDecision& MoeEngine::last_decision(int rank, int layer) const {
 }
 
 int MoeEngine::last_n_comm(int rank, int layer) const {
-  const RankState& s = state(rank);
+  const RankState& s = compute_state(rank);
   const LaunchDecision& d = last_decision(rank, layer);
   if (!d.adaptive) return d.n_comm;
   int32_t n = 0;
@@ -315,7 +347,7 @@ void check_units(UnitRange units, LayerMode mode, const char* layer) {
 
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   check_units(units, mode, "layer 0");
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, request);
   const LaunchDecision& d = planned.decision;
   s.last[0] = d;
@@ -336,7 +368,7 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
 
 void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   check_units(units, mode, "layer 1");
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
   const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, request);
   const LaunchDecision& d = planned.decision;
@@ -357,7 +389,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
 }
 
 void MoeEngine::finish(int rank, const RankBatch& b) {
-  RankState& s = state(rank);
+  RankState& s = compute_state(rank);
   // The layer ran on its own hidden rows (and, training, kept its pre-activations): a backward may follow.
   s.saved = options_.training && s.hid_call == s.hid;
   kernels::final_reduce(final_reduce_args(s, b.ids, b.ids_type == IdType::i64, b.out, b.tokens), s.stream);
@@ -425,6 +457,7 @@ void MoeEngine::run(const std::vector<RankBatch>& batches, Part part) {
   const std::vector<int> local = team_.local_ranks();
   COMET_REQUIRE(batches.size() == local.size(), "FusedMoe::forward: ", batches.size(), " batches for ", local.size(),
                 " local ranks");
+  for (int r : local) compute_state(r);  // every local rank must run the layer
   if (part != Part::layer1) {
     for (size_t i = 0; i < local.size(); ++i) check_batch(local[i], batches[i]);  // all refusals before any work
     for (size_t i = 0; i < local.size(); ++i) stage(local[i], batches[i]);
@@ -492,6 +525,7 @@ void MoeEngine::sync_and_check() {
     team_error = std::current_exception();
   }
   for (const auto& s : ranks_) {
+    if (!s->computes || closed_) continue;  // no plan
     try {
       s->plan.check(s->stream);  // reading the error clears it
     } catch (const DeviceReportedError&) {
@@ -509,16 +543,16 @@ void MoeEngine::sync_and_check() {
 // with it) and clear its status, on its stream after everything already enqueued, then wait for it.
 void MoeEngine::recover() {
   for (const auto& s : ranks_) {
-    COMET_CUDA_CHECK(cudaMemsetAsync(s->sync.epoch, 0, s->sync_bytes, s->stream));
+    if (s->sync.epoch) COMET_CUDA_CHECK(cudaMemsetAsync(s->sync.epoch, 0, s->sync_bytes, s->stream));
     s->saved = false;  // the activations of a failed forward are not a forward to differentiate
   }
   for (const auto& s : ranks_) team_.clear_status(s->rank);
 }
 
-const DevicePlan& MoeEngine::plan(int rank) const { return state(rank).plan; }
-void* MoeEngine::gathered(int rank) const { return state(rank).a; }
-void* MoeEngine::hidden(int rank) const { return state(rank).hid; }
-void* MoeEngine::expert_out(int rank) const { return state(rank).y; }
+const DevicePlan& MoeEngine::plan(int rank) const { return compute_state(rank).plan; }
+void* MoeEngine::gathered(int rank) const { return compute_state(rank).a; }
+void* MoeEngine::hidden(int rank) const { return compute_state(rank).hid; }
+void* MoeEngine::expert_out(int rank) const { return compute_state(rank).y; }
 
 // ---- FusedMoe: the public face of the engine --------------------------------------------------------
 
@@ -549,6 +583,7 @@ void FusedMoe::forward_layer1(const std::vector<RankBatch>& batches, cudaStream_
 }
 
 void FusedMoe::sync_and_check() { engine_->sync_and_check(); }
+void FusedMoe::close() { engine_->close(); }
 const LaunchDecision& FusedMoe::last_decision(int rank, int layer) const { return engine_->last_decision(rank, layer); }
 size_t FusedMoe::device_bytes_per_rank() const { return engine_->device_bytes_per_rank(); }
 const MoeShape& FusedMoe::shape() const { return engine_->shape(); }

@@ -96,6 +96,8 @@ class MoeEngine {
   // Synchronises; raises the first error since the last check (see FusedMoe::sync_and_check) after
   // resetting what a failed call leaves behind (recover), so that the next call is right.
   void sync_and_check();
+  // FusedMoe::close: the private buffers and the symmetric ones freed (collective), later calls refused.
+  void close();
 
   // The planner's decision for a launch of `rank`'s staged batch.
   const LaunchDecision& decision(int layer, int rank, LayerMode mode, const LayerRequest& request) const;
@@ -131,6 +133,8 @@ class MoeEngine {
  private:
   struct RankState;
   RankState& state(int rank) const;
+  RankState& compute_state(int rank) const;  // state(rank); refused if the layer is closed or the rank idle
+  void free_symmetric();  // the layer's symmetric buffers back to the team (collective)
   void run(const std::vector<RankBatch>& batches, Part part);  // forward's launches, without the check
   void recover();  // every local rank's flags zeroed and status cleared (after a reported failure)
   kernels::CallFailure call_failure(const RankState& s) const;  // what the output kernels poison on
@@ -162,6 +166,7 @@ class MoeEngine {
   SymmetricId gate_recv_sym_{};  // training: gate-gradient partials [W][T_cap][k] fp32 from each rank
   LaunchPlanner planner_;
   size_t device_bytes_per_rank_ = 0;
+  bool closed_ = false;
   std::vector<std::unique_ptr<RankState>> ranks_;  // by local slot
 };
 

@@ -16,6 +16,8 @@ namespace comet {
 
 struct MoeEngine::RankState {
   int rank = 0;
+  bool computes = true;     // MoeOptions::compute_ranks: false, and it holds none of the buffers below
+  size_t private_bytes = 0;  // allocated through MoeEngine::alloc
   cudaStream_t stream = nullptr;
   DevicePlan plan;
   void* a = nullptr;             // [rows_cap][H]
@@ -47,11 +49,22 @@ struct MoeEngine::RankState {
   std::function<void(void*)> release;
 
   ~RankState() {
-    for (void* p : owned) release(p);
+    free_buffers();
     if (joined) cudaEventDestroy(joined);
     if (side_fork) cudaEventDestroy(side_fork);
     if (side_join) cudaEventDestroy(side_join);
     if (side) cudaStreamDestroy(side);
+  }
+  // Releases the private buffers and the plan (the destructor; MoeEngine::close). Idempotent.
+  void free_buffers() {
+    for (void* p : owned) release(p);
+    owned.clear();
+    plan = DevicePlan();
+    a = hid = hid_call = y = self_partial = pre = grad_rows = d_rows = nullptr;
+    gate_partials = nullptr;
+    chosen_n_comm = nullptr;
+    sync = kernels::LayerSync{};
+    private_bytes = 0;
   }
 };
 

@@ -35,15 +35,16 @@ int fill_blocks(const BuildGeometry& g) {
 
 }  // namespace
 
+size_t plan_scratch_bytes(const PlanConfig& cfg) { return carve_scratch(make_geometry(cfg), nullptr, nullptr); }
+
 DevicePlan::DevicePlan(const PlanConfig& cfg) : cfg_(cfg) {
   validate(cfg_);
-  const BuildGeometry g = make_geometry(cfg_);
   try {
     const size_t bytes = plan_bytes(cfg_);
     COMET_CUDA_CHECK(cudaMalloc(&storage_, bytes));
     // The gaps between arrays are never written again: zero them once so whole-block copies compare.
     COMET_CUDA_CHECK(cudaMemset(storage_, 0, bytes));
-    scratch_bytes_ = carve_scratch(g, nullptr, nullptr);
+    scratch_bytes_ = plan_scratch_bytes(cfg_);
     COMET_CUDA_CHECK(cudaMalloc(&scratch_, scratch_bytes_));
     // error_key sits at offset 0 and must read kNoError before the first build (the scan kernel
     // restores it after each build).

@@ -1,6 +1,7 @@
 // IpcTeam: one process per rank (several may share one GPU). Each symmetric buffer is a cudaMalloc of
 // this process, exported with a CUDA IPC handle; the handles travel through the caller's all-gather
 // and every process opens its peers' copies.
+#include <algorithm>
 #include <cstring>
 
 #include "comet/cuda_check.hpp"
@@ -130,6 +131,52 @@ SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
     a.peers[0][p] = theirs;
   }
   return register_allocation(std::move(a));
+}
+
+void IpcTeam::free_symmetric(SymmetricId buf) {
+  COMET_REQUIRE(!closed_, "IpcTeam::free_symmetric: the team is closed (close() freed every buffer)");
+  symmetric_bytes(buf);  // an unknown or freed id is refused before the meeting
+  ScopedDevice guard(device_);
+  COMET_CUDA_CHECK(cudaStreamSynchronize(ranks_[0].stream));
+  // First meeting: every rank has drained its stream, so no kernel anywhere touches the buffer, and
+  // every rank frees the same one.
+  std::string failure;
+  try {
+    const int32_t mine = buf.id;
+    std::vector<int32_t> all(world_);
+    all_gather_(&mine, all.data(), sizeof(mine));
+    for (int p = 0; p < world_; ++p)
+      COMET_REQUIRE(all[p] == mine, "IpcTeam::free_symmetric: rank ", p, " frees symmetric buffer ", all[p],
+                    ", rank ", rank_, " buffer ", mine, ": every rank must free the same buffers in the same order");
+  } catch (const InvalidArgument&) {
+    throw;  // nothing freed: the ranks disagree, and a peer may still use the buffer
+  } catch (const std::exception& e) {
+    failure = e.what();
+  }
+  const Allocation gone = retire_allocation(buf);
+  for (int p = 0; p < world_; ++p) {
+    void* mapped = gone.peers[0][p];
+    if (p == rank_ || !mapped) continue;
+    opened_.erase(std::remove(opened_.begin(), opened_.end(), mapped), opened_.end());
+    cudaIpcCloseMemHandle(mapped);
+  }
+  // Second meeting: every peer has closed its mapping of this rank's copy before the copy is freed
+  // (freeing memory another process still maps is undefined).
+  if (failure.empty()) {
+    try {
+      const int32_t mine = buf.id;
+      std::vector<int32_t> all(world_);
+      all_gather_(&mine, all.data(), sizeof(mine));
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  void* own = gone.local.at(0);
+  owned_.erase(std::remove(owned_.begin(), owned_.end(), own), owned_.end());
+  cudaFree(own);
+  if (!failure.empty())
+    throw TimeoutError(detail::concat("IpcTeam::free_symmetric on rank ", rank_, ": not every peer arrived (", failure,
+                                      "); this rank's copy and mappings of buffer ", buf.id, " are released"));
 }
 
 void IpcTeam::require_agreement(const void* mine, size_t bytes, const std::string& what) {

@@ -1,6 +1,7 @@
 // LocalTeam: W virtual ranks in one process on one GPU. Every rank's copy of a symmetric buffer is
 // an ordinary allocation of this process, so a peer pointer is just that allocation's device address.
 // link = host puts every copy in mapped pinned host memory: each remote access then crosses PCIe.
+#include <algorithm>
 #include <cstring>
 
 #include "comet/cuda_check.hpp"
@@ -26,6 +27,13 @@ void release_local(Link link, std::vector<void*>& owned, std::vector<cudaEvent_t
     if (e) cudaEventDestroy(e);
   }
   events.clear();
+}
+
+// The pinned host block behind a mapped device address (link = host): what cudaFreeHost takes.
+void* host_of(void* device_address) {
+  cudaPointerAttributes attr{};
+  COMET_CUDA_CHECK(cudaPointerGetAttributes(&attr, device_address));
+  return attr.hostPointer ? attr.hostPointer : device_address;
 }
 
 }  // namespace
@@ -85,6 +93,18 @@ SymmetricId LocalTeam::alloc_symmetric(size_t bytes) {
   a.local = copies;
   a.peers.assign(world_, copies);
   return register_allocation(std::move(a));
+}
+
+void LocalTeam::free_symmetric(SymmetricId buf) {
+  ScopedDevice guard(device_);
+  // Any rank's kernels may touch any rank's copy: drain every stream first.
+  for (RankState& r : ranks_) COMET_CUDA_CHECK(cudaStreamSynchronize(r.stream));
+  const Allocation gone = retire_allocation(buf);
+  for (void* p : gone.local) {
+    void* block = link_ == Link::host ? host_of(p) : p;
+    owned_.erase(std::remove(owned_.begin(), owned_.end(), block), owned_.end());
+    COMET_CUDA_CHECK(link_ == Link::host ? cudaFreeHost(block) : cudaFree(block));
+  }
 }
 
 void LocalTeam::barrier() {

@@ -92,9 +92,28 @@ template <class Allocations>
 auto& checked_allocation(Allocations& all, SymmetricId buf) {
   COMET_REQUIRE(buf.id >= 0 && static_cast<size_t>(buf.id) < all.size(), "unknown symmetric buffer id ", buf.id,
                 " (", all.size(), " allocated)");
+  COMET_REQUIRE(!all[buf.id].freed, "symmetric buffer ", buf.id, " was freed");
   return all[buf.id];
 }
 }  // namespace
+
+Team::Allocation Team::retire_allocation(SymmetricId buf) {
+  Allocation& a = checked_allocation(allocations_, buf);
+  ScopedDevice guard(device_);
+  for (void** table : a.peers_dev)
+    if (table) cudaFree(table);
+  Allocation gone = std::move(a);
+  a = Allocation{};
+  a.freed = true;  // ids stay positional: later ids keep their meaning
+  return gone;
+}
+
+size_t Team::symmetric_bytes_in_use() const {
+  size_t total = 0;
+  for (const Allocation& a : allocations_)
+    if (!a.freed) total += a.bytes;
+  return total;
+}
 
 void* Team::local_ptr(SymmetricId buf, int rank) const {
   const Allocation& a = checked_allocation(allocations_, buf);

@@ -21,14 +21,19 @@ struct TestLayer {
   FusedMoe fused;
   std::vector<std::unique_ptr<DeviceRank>> ranks;
 
+  // capacity: max_tokens_per_rank 0 takes the problem's largest token count.
   TestLayer(Team& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens, RoutingKind kind,
-            uint64_t seed, const MoeOptions& options = {})
+            uint64_t seed, const MoeOptions& options = {}, MoeCapacity capacity = {})
       : problem(MoeProblem::make(shape, par, tokens, kind, seed)),
-        fused(team, shape, par, MoeCapacity{problem.max_tokens(), 0}, options) {
+        fused(team, shape, par, with_tokens(capacity, problem.max_tokens()), options) {
     for (int r = 0; r < par.world(); ++r) {
       ranks.push_back(upload_rank(problem, r));
       fused.set_weights(r, ranks[r]->w0.get(), ranks[r]->w1.get());
     }
+  }
+  static MoeCapacity with_tokens(MoeCapacity c, int tokens) {
+    if (c.max_tokens_per_rank == 0) c.max_tokens_per_rank = tokens;
+    return c;
   }
   std::vector<RankBatch> batches() const {
     std::vector<RankBatch> b;

@@ -1,6 +1,7 @@
 // The fused MoE layer across processes: every rank of an IpcTeam runs FusedMoe::forward on its own
 // tokens and checks its output against the CPU reference (every process builds the same problem from
-// the same seed; two shapes), then checks that a second run from poisoned buffers is bitwise identical.
+// the same seed; two shapes), then checks that a second run from poisoned buffers is bitwise identical,
+// and that FusedMoe::close gives the exported buffers back (collectively) and refuses later calls.
 #include <cstring>
 #include <string>
 
@@ -35,6 +36,7 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
   const int rank = team.rank();
   const std::string what = "fused layer (H " + std::to_string(shape.hidden) + ", k " + std::to_string(shape.topk) +
                            ", ep " + std::to_string(par.ep) + " x tp " + std::to_string(par.tp) + "): ";
+  const size_t symmetric_before = team.symmetric_bytes_in_use();
   const IpcLayer l = make_ipc_layer(team, shape, par, tokens, kind, seed);
   const MoeProblem& p = l.problem;
   FusedMoe& moe = *l.moe;
@@ -57,6 +59,16 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
   const auto again = mine->output();
   if (std::memcmp(again.data(), got.data(), got.size() * sizeof(float)) != 0)
     return what + "a second run from poisoned buffers differs";
+  // The collective close gives the exported buffers back (the next case's layer is built after it).
+  moe.close();
+  if (team.symmetric_bytes_in_use() != symmetric_before)
+    return what + "close() left " + std::to_string(team.symmetric_bytes_in_use() - symmetric_before) +
+           " symmetric bytes behind";
+  try {
+    moe.forward({mine->batch()});
+    return what + "a forward on a closed layer was accepted";
+  } catch (const InvalidArgument&) {
+  }
   return "";
 }
 

@@ -284,3 +284,20 @@ def test_input_checks_want_the_teams_device():
     spec = LayerSpec(64, 2, 2, 256, 128, 16, 1, torch.device("cuda", 0))
     with pytest.raises(ValueError, match="hidden_states: on cpu"):
         check_inputs(spec, *_good())
+
+
+def test_layer_footprint_sizes_a_layer_before_it_is_built():
+    # DeepSeek-V3 EP 8 at 4096 tokens: worst case 8 * 4096 * 8 + 32 * 127 = 266208 rows -> 266240; with
+    # load_factor 1.5, 1.5 * 32768 + 4064 = 53216 -> 53248 rows (tests/cpu/footprint_test.cpp works them).
+    worst = comet.layer_footprint(7168, 2048, 256, 8, ep=8, max_tokens=4096)
+    assert worst["max_rows"] == 266240
+    assert worst["expert_out"] == 0 and worst["gathered"] == 266240 * 7168 * 2  # Y lives in A's memory
+    assert worst["total"] == worst["compute"] + worst["symmetric"]
+    expected = comet.layer_footprint(7168, 2048, 256, 8, ep=8, max_tokens=4096, load_factor=1.5)
+    assert expected["max_rows"] == 53248 and expected["total"] < worst["total"] / 3
+    train = comet.layer_footprint(7168, 2048, 256, 8, ep=8, max_tokens=4096, training=True)
+    assert train["expert_out"] == train["gathered"] and train["training"] > 0
+    with pytest.raises(comet.InvalidArgument, match="not both"):
+        comet.layer_footprint(7168, 2048, 256, 8, ep=8, max_tokens=4096, max_rows=1024, load_factor=1.5)
+    with pytest.raises(ValueError, match="activation"):
+        comet.layer_footprint(7168, 2048, 256, 8, "relu", ep=8, max_tokens=4096)

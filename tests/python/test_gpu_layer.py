@@ -325,3 +325,36 @@ def test_a_tokens_output_does_not_depend_on_its_batch():
     few = layer([x[:7] for x in p.x], [i[:7] for i in p.ids], [g[:7] for g in p.gates])
     for r in range(p.world):
         assert torch.equal(full[r][:7], few[r]), r
+
+
+def test_load_factor_sizes_rows_and_a_batch_over_them_is_refused():
+    p = make_problem(ep=4, tokens=(256, 256, 200, 256), seed=13)
+    layer = layer_for(p, load_factor=1.5)
+    # E 8, k 2, EP 4, 256 tokens: mean W T k E_l / E = 4 * 256 * 2 * 2 / 8 = 512 rows, 1.5x + 254 padding
+    # = 1022 -> 1024.
+    assert layer.engine.max_rows == 1024
+    fp = comet.layer_footprint(p.hidden, p.ffn, p.experts, p.topk, p.act, ep=4, max_tokens=256, load_factor=1.5,
+                               training=True)
+    assert layer.engine.device_bytes_per_rank == fp["total"]
+    run_and_check(p, layer, "within the load factor")
+    # Every token's first slot on expert 0: 968 rows (1024 padded) on rank 0, and expert 1 has some too.
+    hot = [torch.zeros_like(i) for i in p.ids]
+    for h, i in zip(hot, p.ids):
+        h[:, 1] = torch.where(i[:, 1] == 0, i[:, 0].clamp(min=1), i[:, 1])
+    with pytest.raises(comet.DeviceError, match="max_rows = 1024"):
+        layer(p.x, hot, p.gates)
+        layer.engine.synchronize()
+    run_and_check(p, layer, "after the refused batch")
+
+
+def test_close_gives_the_buffers_back_and_refuses_calls():
+    p = make_problem(ep=2, tokens=(64, 31), seed=14)
+    layer = layer_for(p, training=False)
+    run_and_check(p, layer, "before close")
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    layer.close()
+    assert torch.cuda.memory_allocated() < before  # the private buffers went back to torch's allocator
+    with pytest.raises(comet.InvalidArgument, match="closed"):
+        layer(p.x, p.ids, p.gates)
+    layer.close()  # a second close does nothing

@@ -39,7 +39,8 @@ struct LayerFootprint {
   size_t plan = 0;          // the routing plan and its device builder's scratch
   size_t training = 0;      // pre-activations [rows][N0_s], output gradients [rows][H], gate partials
                             // [rows] fp32, and D [rows][F/tp] where F/tp > H (else D lives in Y)
-  size_t symmetric = 0;     // x [T][H], routing [T][k] ids + gates, receive slots [W][T][H]; training:
+  size_t symmetric = 0;     // x [T][H], routing [T][k] ids + gates, receive slots [W][T][H], failure
+                            // words [W] int32 (kernels/peer_failure.hpp); training:
                             // gate-gradient slots [W][T][k] fp32
   size_t compute() const { return gathered + expert_out + hidden + self_partial + flags + plan + training; }
   size_t total() const { return compute() + symmetric; }

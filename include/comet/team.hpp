@@ -33,6 +33,7 @@ enum class WaitSite : int32_t {
   tile_done = 4,    // layer 1, index: tile (m * n_blocks + n)
   test = 5,
   bulk_copy = 6,    // a comm block's bulk copy did not complete, index: unit
+  peer_failed = 7,  // not a wait: a peer's call failed (code 2), index: the peer (kernels/peer_failure.hpp)
 };
 const char* to_string(WaitSite site);
 
@@ -40,7 +41,7 @@ const char* to_string(WaitSite site);
 // to the host. Kernels never trap on a timeout: they record it here and end, so the context stays
 // usable and the host can raise a precise error. The first failure wins (code is set with atomicCAS).
 struct DeviceStatus {
-  int32_t code;   // 0: ok, 1: timeout
+  int32_t code;   // 0: ok, 1: timeout, 2: a peer's call failed (this rank's outputs are NaN)
   int32_t rank;
   int32_t site;   // WaitSite
   int32_t index;
@@ -125,8 +126,10 @@ class Team {
 
   // Synchronises every local stream, then raises TimeoutError if any local rank's status is set.
   void synchronize();
-  // Raises TimeoutError if rank's status is set (does not synchronise).
+  // Raises TimeoutError if rank's status holds a timeout, DeviceReportedError for another failure
+  // (does not synchronise).
   void check(int rank) const;
+  DeviceStatus read_status(int rank) const;  // the rank's status as the device left it
   // Clears rank's status (after a reported error, for tests).
   void clear_status(int rank);
 

@@ -73,7 +73,7 @@ LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const
     f.training = alloc_size(rows * n0 * 2) + alloc_size(rows * H * 2) + alloc_size(rows * sizeof(float)) +
                  (fs <= H ? 0 : alloc_size(rows * fs * 2));
   }
-  f.symmetric = T * H * 2 + RoutingBufferLayout{cap.max_tokens_per_rank, shape.topk}.bytes() + W * T * H * 2 +
+  f.symmetric = T * H * 2 + RoutingBufferLayout{cap.max_tokens_per_rank, shape.topk}.bytes() + W * T * H * 2 + W * 4 +
                 (training ? W * T * k * sizeof(float) : 0);
   return f;
 }

@@ -186,6 +186,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
 
 void MoeEngine::finish_grad(int rank, const RankGrad& g) {
   RankState& s = compute_state(rank);
+  gather_peer_failures(s);
   // The routing as the forward staged it (int32 ids): the caller's ids need not live this long.
   const RoutingBufferLayout layout{cap_.max_tokens_per_rank, shape_.topk};
   const int32_t* ids = layout.view(team_.local_ptr(routing_sym_, rank)).ids;
@@ -239,7 +240,10 @@ void MoeEngine::backward(const std::vector<RankGrad>& grads, const BackwardOptio
   for (size_t i = 0; i < local.size(); ++i) stage_grad(local[i], grads[i]);
   team_.barrier();  // every rank's output gradients are in its exported buffer
   const LayerRequest bl1 = backward_request(2), bl0 = backward_request(3);
-  for (size_t i = 0; i < local.size(); ++i) grad_steps(local[i], grads[i], o, bl1, bl0);
+  for (size_t i = 0; i < local.size(); ++i) {
+    grad_steps(local[i], grads[i], o, bl1, bl0);
+    publish_failure(local[i]);
+  }
   team_.barrier();  // every partial row of dx and of the gate gradients is in its owner's receive slots
   for (size_t i = 0; i < local.size(); ++i) finish_grad(local[i], grads[i]);
 }

@@ -12,6 +12,7 @@
 #include "kernels/fused_layers.hpp"
 #include "kernels/layer_sync.hpp"
 #include "kernels/local_rows.hpp"
+#include "kernels/peer_failure.hpp"
 
 namespace comet {
 
@@ -105,6 +106,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   x_sym_ = team_.alloc_symmetric(size_t(T) * row_bytes);
   routing_sym_ = team_.alloc_symmetric(RoutingBufferLayout{T, shape_.topk}.bytes());
   recv_sym_ = team_.alloc_symmetric(size_t(W) * T * row_bytes);
+  failed_sym_ = team_.alloc_symmetric(size_t(W) * sizeof(int32_t));
   if (options_.training) gate_recv_sym_ = team_.alloc_symmetric(size_t(W) * T * shape_.topk * sizeof(float));
 
   const int rows = cap_.max_rows_per_rank;
@@ -151,7 +153,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   // What one computing rank holds: its private buffers, its plan, its symmetric buffers. The GPU test
   // FusedMoeMemory.FootprintIsWhatIsAllocated holds it to layer_footprint(), the sizes' one statement.
   device_bytes_per_rank_ = team_.symmetric_bytes(x_sym_) + team_.symmetric_bytes(routing_sym_) +
-                           team_.symmetric_bytes(recv_sym_) +
+                           team_.symmetric_bytes(recv_sym_) + team_.symmetric_bytes(failed_sym_) +
                            (options_.training ? team_.symmetric_bytes(gate_recv_sym_) : 0);
   for (const auto& s : ranks_) {
     if (!s->computes) continue;
@@ -191,7 +193,7 @@ void MoeEngine::close() {
 // Collective on a team that spans processes (MoeEngine::close); the destructor calls it only where
 // it is not (one process drives every rank).
 void MoeEngine::free_symmetric() {
-  for (SymmetricId* id : {&x_sym_, &routing_sym_, &recv_sym_, &gate_recv_sym_}) {
+  for (SymmetricId* id : {&x_sym_, &routing_sym_, &recv_sym_, &failed_sym_, &gate_recv_sym_}) {
     if (id->id < 0) continue;
     const SymmetricId buf = *id;
     *id = SymmetricId{};
@@ -388,8 +390,26 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   run_schedule(l, d, /*pull=*/false, par_.world(), [&](const auto& x) { kernels::launch_layer1(x, s.stream); });
 }
 
+void MoeEngine::publish_failure(int rank) {
+  RankState& s = compute_state(rank);
+  kernels::PublishFailureArgs a;
+  a.failure = call_failure(s);
+  a.peer_words = reinterpret_cast<int32_t* const*>(team_.peer_ptrs(failed_sym_, rank));
+  a.rank = rank;
+  a.world = par_.world();
+  kernels::publish_failure(a, s.stream);
+}
+
+void MoeEngine::gather_peer_failures(const RankState& s) {
+  kernels::gather_peer_failures(
+      kernels::GatherFailuresArgs{static_cast<int32_t*>(team_.local_ptr(failed_sym_, s.rank)),
+                                  team_.device_view(s.rank)},
+      s.stream);
+}
+
 void MoeEngine::finish(int rank, const RankBatch& b) {
   RankState& s = compute_state(rank);
+  gather_peer_failures(s);
   // The layer ran on its own hidden rows (and, training, kept its pre-activations): a backward may follow.
   s.saved = options_.training && s.hid_call == s.hid;
   kernels::final_reduce(final_reduce_args(s, b.ids, b.ids_type == IdType::i64, b.out, b.tokens), s.stream);
@@ -478,6 +498,7 @@ void MoeEngine::run(const std::vector<RankBatch>& batches, Part part) {
       s.hid_call = b.hidden ? b.hidden : s.hid;
     }
     layer1(local[i], LayerMode::fused, options_.layer1);
+    publish_failure(local[i]);  // a rank that shipped nothing must not let its peers sum stale partials
   }
   team_.barrier();  // every rank has written its partial rows into the owners' receive slots
   for (size_t i = 0; i < local.size(); ++i) finish(local[i], batches[i]);

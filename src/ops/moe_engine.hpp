@@ -56,6 +56,10 @@ class MoeEngine {
   // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).
   void layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
   void layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
+  // A failed call on this rank (its plan refused the batch, a wait timed out) raises its word in every
+  // peer's failure area, before the barrier that ends the combine (kernels/peer_failure.hpp); finish
+  // and finish_grad fold the words into the rank's status, so that a peer's failure makes NaN here too.
+  void publish_failure(int rank);
   void finish(int rank, const RankBatch& batch);
   void advance_epoch(int rank);  // a new generation for flags (benchmarks re-running a layer)
   void set_epoch(int rank, uint64_t epoch);  // tests: start the generation anywhere (synchronises)
@@ -135,6 +139,7 @@ class MoeEngine {
   RankState& state(int rank) const;
   RankState& compute_state(int rank) const;  // state(rank); refused if the layer is closed or the rank idle
   void free_symmetric();  // the layer's symmetric buffers back to the team (collective)
+  void gather_peer_failures(const RankState& s);
   void run(const std::vector<RankBatch>& batches, Part part);  // forward's launches, without the check
   void recover();  // every local rank's flags zeroed and status cleared (after a reported failure)
   kernels::CallFailure call_failure(const RankState& s) const;  // what the output kernels poison on
@@ -163,6 +168,7 @@ class MoeEngine {
   MoeCapacity cap_;
   MoeOptions options_;
   SymmetricId x_sym_, routing_sym_, recv_sym_;
+  SymmetricId failed_sym_;  // [W] int32 per rank: word s raised by peer s when its call failed
   SymmetricId gate_recv_sym_{};  // training: gate-gradient partials [W][T_cap][k] fp32 from each rank
   LaunchPlanner planner_;
   size_t device_bytes_per_rank_ = 0;

@@ -28,6 +28,7 @@ const char* to_string(WaitSite site) {
     case WaitSite::tile_done: return "tile_done";
     case WaitSite::test: return "test";
     case WaitSite::bulk_copy: return "bulk_copy";
+    case WaitSite::peer_failed: return "peer_failed";
   }
   return "unknown";
 }

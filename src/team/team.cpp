@@ -32,6 +32,10 @@ std::string describe_status(int rank, const DeviceStatus& s, double timeout_s) {
                           describe_wait(static_cast<WaitSite>(s.site), s.index), " >= ", s.expected, " (saw ",
                           s.seen, ")");
   }
+  if (s.code == 2 && static_cast<WaitSite>(s.site) == WaitSite::peer_failed)
+    return detail::concat("rank ", rank, ": the call failed on peer rank ", s.index,
+                          " (its own error says why: rows over its capacity, bad routing or a timeout), so this "
+                          "rank's outputs are NaN");
   return detail::concat("rank ", rank, ": device reported error code ", s.code, " at ",
                         describe_wait(static_cast<WaitSite>(s.site), s.index));
 }
@@ -150,13 +154,18 @@ void Team::set_timeout(double seconds) {
   timeout_ns_ = static_cast<uint64_t>(seconds * 1e9);
 }
 
-void Team::check(int rank) const {
+DeviceStatus Team::read_status(int rank) const {
   const int slot = slot_of(rank);
   ScopedDevice guard(device_);
   DeviceStatus s{};
   // A plain copy from the device is enough: the status is written by kernels that have ended (after a
   // synchronize) or is being written now, in which case the next check sees it.
   COMET_CUDA_CHECK(cudaMemcpy(&s, ranks_[slot].status_dev, sizeof(s), cudaMemcpyDeviceToHost));
+  return s;
+}
+
+void Team::check(int rank) const {
+  const DeviceStatus s = read_status(rank);
   if (s.code == 0) return;
   const std::string what = describe_status(rank, s, timeout());
   if (s.code == 1) throw TimeoutError(what);
@@ -167,20 +176,19 @@ void Team::synchronize() {
   ScopedDevice guard(device_);
   for (const RankState& r : ranks_) COMET_CUDA_CHECK(cudaStreamSynchronize(r.stream));
   // Name every failing rank, not only the first: with virtual ranks one stall usually explains the rest.
+  // A timeout stays a TimeoutError when the other local ranks only failed because of it (code 2: a
+  // peer's call failed).
   std::string failures;
-  bool all_timeouts = true;
+  bool timeouts = false, others = false;
   for (int rank : local_ranks()) {
-    try {
-      check(rank);
-    } catch (const TimeoutError& e) {
-      failures += (failures.empty() ? "" : "; ") + std::string(e.what());
-    } catch (const DeviceReportedError& e) {
-      failures += (failures.empty() ? "" : "; ") + std::string(e.what());
-      all_timeouts = false;
-    }
+    const DeviceStatus s = read_status(rank);
+    if (s.code == 0) continue;
+    failures += (failures.empty() ? "" : "; ") + describe_status(rank, s, timeout());
+    timeouts = timeouts || s.code == 1;
+    others = others || (s.code != 1 && s.code != 2);
   }
   if (failures.empty()) return;
-  if (all_timeouts) throw TimeoutError(failures);
+  if (timeouts && !others) throw TimeoutError(failures);
   throw DeviceReportedError(failures);
 }
 

@@ -61,8 +61,9 @@ TEST(Footprint, ExpertOutputsShareTheGatheredRowsWithoutTraining) {
   EXPECT_EQ(inf.training, 0u);
   // Training: pre-activations (2 F_s columns), output gradients, gate partials; D lives in Y (F_s <= H).
   EXPECT_EQ(train.training, rows * 2 * Fs * 2 + rows * H * 2 + rows * 4);
-  // x, routing (16-byte header, ids, gates), receive slots; training adds the gate-gradient slots.
-  EXPECT_EQ(inf.symmetric, T * H * 2 + 16 + T * 8 * 8 + W * T * H * 2);
+  // x, routing (16-byte header, ids, gates), receive slots, failure words; training adds the
+  // gate-gradient slots.
+  EXPECT_EQ(inf.symmetric, T * H * 2 + 16 + T * 8 * 8 + W * T * H * 2 + W * 4);
   EXPECT_EQ(train.symmetric, inf.symmetric + W * T * 8 * 4);
   EXPECT_GT(inf.plan, 0u);
   EXPECT_EQ(inf.total(), inf.compute() + inf.symmetric);

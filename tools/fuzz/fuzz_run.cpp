@@ -77,7 +77,8 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
   MoeEngine& engine = fused_->engine();
 
   // What the layer must answer: a routing error (every rank sees it), rows over a tight capacity
-  // (the ranks of the EP groups that overflow), or the right numbers.
+  // (the ranks of the EP groups that overflow refuse; they tell every peer, so every rank's outputs
+  // are NaN: kernels/peer_failure.hpp), or the right numbers.
   std::string want_error;
   std::vector<bool> must_fail(W, false);
   if (batch.fault == Fault::duplicate_id || batch.fault == Fault::id_out_of_range ||
@@ -89,10 +90,8 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
   } else if (f_.max_rows > 0) {
     const int cap = (f_.max_rows + 127) / 128 * 128;
     for (int r = 0; r < W; ++r)
-      if (rows_needed(f_, routing, par.ep_index(r)) > cap) {
-        must_fail[r] = true;
-        want_error = "rows";
-      }
+      if (rows_needed(f_, routing, par.ep_index(r)) > cap) want_error = "rows";
+    if (!want_error.empty()) must_fail.assign(W, true);
   }
 
   // Inputs on the host (the reference's) and on the device.

@@ -129,6 +129,7 @@ TEST(BadInput, RowsOverCapacityAreReported) {
     EXPECT_NE(std::string(e.what()).find("more than max_rows = 640"), std::string::npos) << e.what();
   }
   EXPECT_TRUE(all_nan(l.ranks[0]->output())) << "rank 0 (the overflowing EP group) wrote numbers";
+  EXPECT_TRUE(all_nan(l.ranks[1]->output())) << "rank 1 summed rank 0's partials of another call";
   // A batch that fits: 20 tokens per rank.
   auto b = l.batches();
   for (auto& x : b) x.tokens = 20;

@@ -72,6 +72,47 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
   return "";
 }
 
+// Rank 0 refuses a batch (rows over its capacity: a per-rank refusal) that every other rank's plan
+// accepts. The other processes must not sum rank 0's stale partials from the call before: their
+// outputs are NaN and their sync_and_check names rank 0; then a batch that fits is right everywhere.
+std::string check_peer_refusal(IpcTeam& team) {
+  using namespace comet::testing;
+  const int rank = team.rank(), W = team.world();
+  const MoeShape shape{256, 512, 8, 2, Activation::swiglu};  // E_l = 8 / W experts per rank
+  const Parallel par{W, 1};
+  const std::string what = "peer refusal (W " + std::to_string(W) + "), rank " + std::to_string(rank) + ": ";
+  // Uniform, 60 tokens per rank: E_l (2 or 4) experts of at most a few tiles fit 1024 rows. All on EP
+  // group 0, 400 per rank: 400 W k = 800 W rows on rank 0, more than 1024; the other ranks get none.
+  const MoeProblem good = MoeProblem::make(shape, par, std::vector<int>(W, 60), RoutingKind::uniform, 41);
+  const MoeProblem hot = MoeProblem::make(shape, par, std::vector<int>(W, 400), RoutingKind::one_group, 42, 0);
+  FusedMoe moe(team, shape, par, MoeCapacity{400, 1024});
+  const auto g = upload_rank(good, rank);
+  const auto h = upload_rank(hot, rank);
+  moe.set_weights(rank, g->w0.get(), g->w1.get());
+  const auto ref = reference::forward(shape, par, good.weights, good.inputs);
+  moe.forward({g->batch()});
+  moe.sync_and_check();
+  if (!(relative_error(g->output(), ref[rank]) < 1.5e-2)) return what + "the first (good) call is wrong";
+  h->out.fill_bytes(0);  // NaN must be written by the failed call
+  moe.forward({h->batch()});
+  std::string error;
+  try {
+    moe.sync_and_check();
+  } catch (const DeviceReportedError& e) {
+    error = e.what();
+  }
+  const std::string want = rank == 0 ? "max_rows = 1024" : "the call failed on peer rank 0";
+  if (error.find(want) == std::string::npos) return what + "expected an error with '" + want + "', got '" + error + "'";
+  if (!all_nan(h->output())) return what + "the refused call's output is not all NaN";
+  moe.forward({g->batch()});
+  moe.sync_and_check();
+  if (!(relative_error(g->output(), ref[rank]) < 1.5e-2)) return what + "the call after the refusal is wrong";
+  team.barrier();
+  team.synchronize();
+  moe.close();
+  return "";
+}
+
 }  // namespace
 
 std::string check_fused_layer(IpcTeam& team) {
@@ -91,6 +132,10 @@ std::string check_fused_layer(IpcTeam& team) {
   e = check_one(team, MoeShape{1024, 256, 16, 8, Activation::swiglu}, Parallel{W, 1}, zipf_tokens, RoutingKind::zipf,
                 91);
   if (!e.empty()) return e;
+  if (W <= 4) {  // one_group routing needs k <= E_l = 8 / W
+    e = check_peer_refusal(team);
+    if (!e.empty()) return e;
+  }
   const int rank = team.rank();
   const MoeProblem p = MoeProblem::make(shape, par, tokens, RoutingKind::uniform, 77);
   // Ranks that build different layers (here: top-k) are refused on every rank, before any buffer exists.

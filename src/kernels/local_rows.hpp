@@ -16,11 +16,20 @@ void advance_epoch(uint64_t* epoch, cudaStream_t stream);
 // write the layer's outputs read both and write NaN instead of stale or partial sums.
 struct CallFailure {
   const int32_t* plan_status = nullptr;  // PlanView::status[0] of the call's plan
-  const int32_t* team_code = nullptr;    // DeviceStatus::code of the rank
+  const int32_t* team_code = nullptr;    // DeviceStatus::code of the rank (1: a wait timed out)
+  // The rank's failure area [world]: word s raised by peer s in this call (kernels/peer_failure.hpp).
+  const int32_t* peer_words = nullptr;
+  int world = 0;
 };
 #ifdef __CUDACC__
+// Whether this call failed here or on a peer. A peer's failure (code 2 in the status, kept for the
+// report) fails only the call it happened in: the words are cleared at the end of the call.
 __device__ inline bool call_failed(const CallFailure& f) {
-  return (f.plan_status && *f.plan_status != 0) || (f.team_code && *(volatile const int32_t*)f.team_code != 0);
+  if (f.plan_status && *f.plan_status != 0) return true;
+  if (f.team_code && *(volatile const int32_t*)f.team_code == 1) return true;
+  for (int s = 0; f.peer_words && s < f.world; ++s)
+    if (*(volatile const int32_t*)(f.peer_words + s) != 0) return true;
+  return false;
 }
 #endif
 

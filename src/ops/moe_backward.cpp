@@ -186,7 +186,6 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
 
 void MoeEngine::finish_grad(int rank, const RankGrad& g) {
   RankState& s = compute_state(rank);
-  gather_peer_failures(s);
   // The routing as the forward staged it (int32 ids): the caller's ids need not live this long.
   const RoutingBufferLayout layout{cap_.max_tokens_per_rank, shape_.topk};
   const int32_t* ids = layout.view(team_.local_ptr(routing_sym_, rank)).ids;
@@ -205,6 +204,7 @@ void MoeEngine::finish_grad(int rank, const RankGrad& g) {
   r.num_experts = shape_.num_experts;
   r.failure = call_failure(s);
   kernels::reduce_gate_grads(r, s.stream);
+  gather_peer_failures(s);  // after the reduces that read the words
 }
 
 void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o, const LayerRequest& request1,

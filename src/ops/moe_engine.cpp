@@ -394,6 +394,7 @@ void MoeEngine::publish_failure(int rank) {
   RankState& s = compute_state(rank);
   kernels::PublishFailureArgs a;
   a.failure = call_failure(s);
+  a.failure.peer_words = nullptr;  // its own failure: a peer's does not need telling twice
   a.peer_words = reinterpret_cast<int32_t* const*>(team_.peer_ptrs(failed_sym_, rank));
   a.rank = rank;
   a.world = par_.world();
@@ -409,10 +410,10 @@ void MoeEngine::gather_peer_failures(const RankState& s) {
 
 void MoeEngine::finish(int rank, const RankBatch& b) {
   RankState& s = compute_state(rank);
-  gather_peer_failures(s);
   // The layer ran on its own hidden rows (and, training, kept its pre-activations): a backward may follow.
   s.saved = options_.training && s.hid_call == s.hid;
   kernels::final_reduce(final_reduce_args(s, b.ids, b.ids_type == IdType::i64, b.out, b.tokens), s.stream);
+  gather_peer_failures(s);  // after the reduce that read the words
 }
 
 kernels::DispatchArgs MoeEngine::dispatch_args(const RankState& s, void* rows, UnitRange units) const {
@@ -449,7 +450,8 @@ kernels::CombineArgs MoeEngine::combine_args(const RankState& s, int tile_n, Uni
 }
 
 kernels::CallFailure MoeEngine::call_failure(const RankState& s) const {
-  return kernels::CallFailure{s.plan.view().status, &team_.device_view(s.rank).status->code};
+  return kernels::CallFailure{s.plan.view().status, &team_.device_view(s.rank).status->code,
+                              static_cast<const int32_t*>(team_.local_ptr(failed_sym_, s.rank)), par_.world()};
 }
 
 kernels::FinalReduceArgs MoeEngine::final_reduce_args(const RankState& s, const void* ids, bool ids_64, void* out,

@@ -58,7 +58,7 @@ class MoeEngine {
   void layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
   // A failed call on this rank (its plan refused the batch, a wait timed out) raises its word in every
   // peer's failure area, before the barrier that ends the combine (kernels/peer_failure.hpp); finish
-  // and finish_grad fold the words into the rank's status, so that a peer's failure makes NaN here too.
+  // and finish_grad write NaN where a peer raised its word, then record it in the rank's status.
   void publish_failure(int rank);
   void finish(int rank, const RankBatch& batch);
   void advance_epoch(int rank);  // a new generation for flags (benchmarks re-running a layer)

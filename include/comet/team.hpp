@@ -183,12 +183,25 @@ class LocalTeam final : public Team {
 // Exchanges `bytes` from every rank: `all` receives world * bytes, rank-major. Collective.
 using AllGatherFn = std::function<void(const void* mine, void* all, size_t bytes)>;
 
+// Where an IpcTeam's symmetric buffers come from. The kernels are the same either way: they reach a
+// peer's copy with plain loads and stores through a peer pointer.
+//  cuda_ipc  each process cudaMalloc's its copy and shares it with a CUDA IPC memory handle.
+//  nvshmem   NVSHMEM's symmetric heap (nvshmem_malloc; a peer's copy through nvshmem_ptr), NVSHMEM
+//            bootstrapped from a unique id that travels through the all-gather; its host library is
+//            loaded at run time (nvshmem_available()). One node for now; one NVSHMEM team per process
+//            at a time. Teardown as cuda_ipc's; without close(), its buffers live until the process ends.
+enum class SymmetricHeap : int { cuda_ipc = 0, nvshmem = 1 };
+const char* to_string(SymmetricHeap heap);
+SymmetricHeap parse_heap(const std::string& s);  // "cuda_ipc" | "nvshmem"; throws InvalidArgument
+bool nvshmem_available();  // built with NVSHMEM's headers and its host library loads
+
 // One process per rank on one node. Buffers are cudaMalloc'ed (link = device) and shared with CUDA IPC
-// memory handles, exchanged through the caller's all-gather (torch.distributed from Python; a
-// Unix-socket rendezvous in C++ tests). Several ranks may share one GPU (processes on one H200).
+// memory handles (or come from NVSHMEM: SymmetricHeap), exchanged through the caller's all-gather
+// (torch.distributed from Python; a Unix-socket rendezvous in C++ tests). Several ranks may share one
+// GPU (processes on one H200).
 class IpcTeam final : public Team {
  public:
-  IpcTeam(int rank, int world, AllGatherFn all_gather, int device = 0);
+  IpcTeam(int rank, int world, AllGatherFn all_gather, int device = 0, SymmetricHeap heap = SymmetricHeap::cuda_ipc);
   ~IpcTeam() override;
   std::vector<int> local_ranks() const override;
   SymmetricId alloc_symmetric(size_t bytes) override;
@@ -202,6 +215,7 @@ class IpcTeam final : public Team {
   void barrier() override;
   void require_agreement(const void* mine, size_t bytes, const std::string& what) override;
   int rank() const { return rank_; }
+  SymmetricHeap heap() const { return heap_; }
 
   // Collective teardown: waits for this rank's own work (every device wait is bounded), meets every
   // peer through the all-gather, so that no rank frees a buffer a peer may still read or write, then
@@ -214,8 +228,13 @@ class IpcTeam final : public Team {
   void close();
 
  private:
+  SymmetricId alloc_nvshmem(size_t bytes);
+
   int rank_;
   AllGatherFn all_gather_;
+  SymmetricHeap heap_;
+  bool nvshmem_live_ = false;         // NVSHMEM initialised and not finalised
+  std::vector<void*> nvshmem_owned_;  // own copies on NVSHMEM's heap (allocation order: the same on every rank)
   std::vector<void*> owned_;   // own cudaMalloc blocks
   std::vector<void*> opened_;  // peers' blocks opened with cudaIpcOpenMemHandle
   uint64_t* barrier_epoch_ = nullptr;  // device word

@@ -39,10 +39,12 @@ class Team:
 
     @staticmethod
     def from_process_group(group=None, *, ep: Optional[int] = None, tp: int = 1,
-                           device: Optional[int] = None) -> "Team":
+                           device: Optional[int] = None, heap: str = "cuda_ipc") -> "Team":
         """One rank per process of `group` (default: the world group). Collective: every process of the
         group calls it. The CUDA IPC handles travel through a gloo group over the same ranks (made here
-        when `group` is not gloo: NCCL refuses two ranks on one GPU, which this team allows)."""
+        when `group` is not gloo: NCCL refuses two ranks on one GPU, which this team allows).
+        heap="nvshmem": the symmetric buffers come from NVSHMEM's heap instead (its unique id travels the
+        same way; comet._C.nvshmem_available() says whether its host library loads; one node for now)."""
         import torch.distributed as dist
 
         _lib.require_cuda("Team.from_process_group")
@@ -64,7 +66,7 @@ class Team:
             return b"".join(p.numpy().tobytes() for p in parts)
 
         dev = torch.cuda.current_device() if device is None else int(device)
-        native = _lib.C.IpcTeam(rank, world, all_gather, dev)
+        native = _lib.C.IpcTeam(rank, world, all_gather, dev, heap)
         team = Team(native, ep=ep or world // tp, tp=tp, rank=rank)
         team._exchange = exchange  # kept alive with the team
         return team

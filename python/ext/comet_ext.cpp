@@ -184,6 +184,7 @@ NB_MODULE(_C, m) {
       nb::arg("hidden"), nb::arg("ffn"), nb::arg("experts"), nb::arg("topk"), nb::arg("activation"), nb::arg("ep"),
       nb::arg("tp"), nb::arg("max_tokens"), nb::arg("max_rows") = 0, nb::arg("load_factor") = 0.0,
       nb::arg("training") = false);
+  m.def("nvshmem_available", &nvshmem_available);
   m.def("cuda_device_count", [] {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
@@ -213,10 +214,12 @@ NB_MODULE(_C, m) {
   nb::class_<IpcTeam, Team>(m, "IpcTeam")
       .def(
           "__init__",
-          [](IpcTeam* t, int rank, int world, nb::object all_gather, int device) {
-            new (t) IpcTeam(rank, world, all_gather_from(std::move(all_gather)), device);
+          [](IpcTeam* t, int rank, int world, nb::object all_gather, int device, const std::string& heap) {
+            new (t) IpcTeam(rank, world, all_gather_from(std::move(all_gather)), device, parse_heap(heap));
           },
-          nb::arg("rank"), nb::arg("world"), nb::arg("all_gather"), nb::arg("device") = 0)
+          nb::arg("rank"), nb::arg("world"), nb::arg("all_gather"), nb::arg("device") = 0,
+          nb::arg("heap") = "cuda_ipc")
+      .def_prop_ro("heap", [](const IpcTeam& t) { return std::string(to_string(t.heap())); })
       .def("barrier", &IpcTeam::barrier)
       .def("close", &IpcTeam::close)  // keeps the GIL: the all-gather is Python (torch.distributed)
       .def_prop_ro("rank", &IpcTeam::rank);

@@ -8,6 +8,7 @@
 #include "comet/team.hpp"
 #include "team/cuda_helpers.hpp"
 #include "team/ipc_barrier.hpp"
+#include "team/nvshmem_heap.hpp"
 
 namespace comet {
 namespace {
@@ -32,15 +33,45 @@ void release_ipc(std::vector<void*>& opened, std::vector<void*>& owned, uint64_t
   epoch = nullptr;
 }
 
+// Every rank asked for the same bytes, in the same rank-major all-gather.
+void check_records(const std::vector<ExportRecord>& all, int world, int rank, size_t bytes) {
+  for (int p = 0; p < world; ++p) {
+    COMET_REQUIRE(all[p].rank == p && all[p].world == world, "alloc_symmetric: all-gather slot ", p,
+                  " came from rank ", all[p].rank, " of world ", all[p].world, " (expected rank ", p, " of ", world,
+                  "): the all-gather must be rank-major over the same ranks");
+    COMET_REQUIRE(all[p].bytes == bytes, "alloc_symmetric: rank ", p, " asked for ", all[p].bytes, " bytes, rank ",
+                  rank, " for ", bytes, ": every rank must make the same calls with the same sizes");
+  }
+}
+
 }  // namespace
 
-IpcTeam::IpcTeam(int rank, int world, AllGatherFn all_gather, int device)
-    : Team(world, Link::device, device), rank_(rank), all_gather_(std::move(all_gather)) {
+const char* to_string(SymmetricHeap heap) { return heap == SymmetricHeap::nvshmem ? "nvshmem" : "cuda_ipc"; }
+
+SymmetricHeap parse_heap(const std::string& s) {
+  if (s == "cuda_ipc") return SymmetricHeap::cuda_ipc;
+  if (s == "nvshmem") return SymmetricHeap::nvshmem;
+  throw InvalidArgument(detail::concat("unknown symmetric heap '", s, "': expected 'cuda_ipc' or 'nvshmem'"));
+}
+
+bool nvshmem_available() { return team_detail::NvshmemHeap::available(); }
+
+IpcTeam::IpcTeam(int rank, int world, AllGatherFn all_gather, int device, SymmetricHeap heap)
+    : Team(world, Link::device, device), rank_(rank), all_gather_(std::move(all_gather)), heap_(heap) {
   // Checked before anything collective, so that every rank fails the same way without waiting.
   COMET_REQUIRE(rank >= 0 && rank < world, "IpcTeam: rank ", rank, " out of range [0, ", world, ")");
   COMET_REQUIRE(static_cast<bool>(all_gather_), "IpcTeam: all_gather must be a callable function");
+  COMET_REQUIRE(heap == SymmetricHeap::cuda_ipc || heap == SymmetricHeap::nvshmem, "IpcTeam: unknown heap ",
+                int(heap));
+  COMET_REQUIRE(heap == SymmetricHeap::cuda_ipc || nvshmem_available(),
+                "IpcTeam: SymmetricHeap::nvshmem, but NVSHMEM is not available in this process (built without its "
+                "headers, or libnvshmem_host.so.3 does not load: set COMET_NVSHMEM_LIB)");
   try {
     ScopedDevice guard(device_);
+    if (heap_ == SymmetricHeap::nvshmem) {
+      team_detail::NvshmemHeap::init(rank_, world_, all_gather_);
+      nvshmem_live_ = true;
+    }
     init_local_rank_state(1);
     COMET_CUDA_CHECK(cudaMalloc(&barrier_epoch_, sizeof(uint64_t)));
     team_detail::zero_device_sync(barrier_epoch_, sizeof(uint64_t));
@@ -69,6 +100,16 @@ void IpcTeam::close() {
     } catch (const std::exception& e) {
       failure = e.what();
     }
+    if (nvshmem_live_) {
+      // nvshmem_free and finalize are collective: only when every peer came (else they would wait for
+      // a dead one forever); otherwise the heap goes with the process.
+      if (failure.empty()) {
+        for (void* p : nvshmem_owned_) team_detail::NvshmemHeap::free(p);
+        team_detail::NvshmemHeap::finalize();
+      }
+      nvshmem_owned_.clear();
+      nvshmem_live_ = false;
+    }
     release_ipc(opened_, owned_, barrier_epoch_);
   }
   if (!failure.empty())
@@ -93,6 +134,7 @@ SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
   COMET_REQUIRE(!closed_, "IpcTeam::alloc_symmetric: the team is closed");
   COMET_REQUIRE(bytes > 0, "alloc_symmetric: bytes must be > 0");
   ScopedDevice guard(device_);
+  if (heap_ == SymmetricHeap::nvshmem) return alloc_nvshmem(bytes);
   void* mine = nullptr;
   COMET_CUDA_CHECK(cudaMalloc(&mine, bytes));
   owned_.push_back(mine);
@@ -107,14 +149,7 @@ SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
   me.world = world_;
   std::vector<ExportRecord> all(world_);
   all_gather_(&me, all.data(), sizeof(ExportRecord));
-
-  for (int p = 0; p < world_; ++p) {
-    COMET_REQUIRE(all[p].rank == p && all[p].world == world_, "alloc_symmetric: all-gather slot ", p,
-                  " came from rank ", all[p].rank, " of world ", all[p].world, " (expected rank ", p, " of ", world_,
-                  "): the all-gather must be rank-major over the same ranks");
-    COMET_REQUIRE(all[p].bytes == bytes, "alloc_symmetric: rank ", p, " asked for ", all[p].bytes, " bytes, rank ",
-                  rank_, " for ", bytes, ": every rank must make the same calls with the same sizes");
-  }
+  check_records(all, world_, rank_, bytes);
 
   Allocation a;
   a.bytes = bytes;
@@ -130,6 +165,31 @@ SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
     opened_.push_back(theirs);
     a.peers[0][p] = theirs;
   }
+  return register_allocation(std::move(a));
+}
+
+// NVSHMEM's heap: the sizes are checked before nvshmem_malloc (collective: a mismatch inside it would
+// fail or wait), the copy is zeroed, and the ranks meet again before any peer may write into it.
+SymmetricId IpcTeam::alloc_nvshmem(size_t bytes) {
+  ExportRecord me;
+  std::memset(&me, 0, sizeof(me));
+  me.bytes = bytes;
+  me.rank = rank_;
+  me.world = world_;
+  std::vector<ExportRecord> all(world_);
+  all_gather_(&me, all.data(), sizeof(ExportRecord));
+  check_records(all, world_, rank_, bytes);
+  void* mine = team_detail::NvshmemHeap::alloc(bytes);
+  nvshmem_owned_.push_back(mine);
+  team_detail::zero_device_sync(mine, bytes);
+  Allocation a;
+  a.bytes = bytes;
+  a.local = {mine};
+  a.peers.assign(1, std::vector<void*>(world_, nullptr));
+  for (int p = 0; p < world_; ++p) a.peers[0][p] = p == rank_ ? mine : team_detail::NvshmemHeap::peer(mine, p);
+  const int32_t zeroed = rank_;
+  std::vector<int32_t> met(world_);
+  all_gather_(&zeroed, met.data(), sizeof(zeroed));
   return register_allocation(std::move(a));
 }
 
@@ -154,6 +214,17 @@ void IpcTeam::free_symmetric(SymmetricId buf) {
     failure = e.what();
   }
   const Allocation gone = retire_allocation(buf);
+  if (heap_ == SymmetricHeap::nvshmem) {
+    void* own = gone.local.at(0);
+    nvshmem_owned_.erase(std::remove(nvshmem_owned_.begin(), nvshmem_owned_.end(), own), nvshmem_owned_.end());
+    // nvshmem_free is collective (every peer is in it after the meeting); after a failed meeting it
+    // would wait for the missing peer: the copy then goes with the process.
+    if (failure.empty()) team_detail::NvshmemHeap::free(own);
+    if (!failure.empty())
+      throw TimeoutError(detail::concat("IpcTeam::free_symmetric on rank ", rank_, ": not every peer arrived (",
+                                        failure, "); buffer ", buf.id, " is retired"));
+    return;
+  }
   for (int p = 0; p < world_; ++p) {
     void* mapped = gone.peers[0][p];
     if (p == rank_ || !mapped) continue;

@@ -3,7 +3,10 @@
 // them, and reports one line per case. Run with COMET_IPC_RANK set, it is one rank of a case.
 #pragma once
 
+#include <cstdlib>
 #include <string>
+
+#include "comet/team.hpp"
 
 namespace comet::ipc_test {
 
@@ -11,6 +14,13 @@ inline constexpr const char* kEnvRank = "COMET_IPC_RANK";
 inline constexpr const char* kEnvWorld = "COMET_IPC_WORLD";
 inline constexpr const char* kEnvSocket = "COMET_IPC_SOCKET";
 inline constexpr const char* kEnvCase = "COMET_IPC_CASE";  // team (default), absent_peer, killed_peer
+
+inline constexpr const char* kEnvHeap = "COMET_IPC_HEAP";  // cuda_ipc (default) or nvshmem: every case's team
+
+inline SymmetricHeap heap_from_env() {
+  const char* v = std::getenv(kEnvHeap);
+  return v && *v ? parse_heap(v) : SymmetricHeap::cuda_ipc;
+}
 
 inline constexpr int kSkipExitCode = 77;      // CTest's SKIP_RETURN_CODE
 inline constexpr unsigned kChildAlarmS = 150;  // a child that is still alive then is killed by SIGALRM

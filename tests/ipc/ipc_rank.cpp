@@ -147,7 +147,7 @@ void check_graph_barrier(IpcTeam& team, Checks& c) {
 int run_checks(int rank, int world, comet::testing::SocketRendezvous& rv, Checks& c) {
   check_bad_construction(rank, world, rv.all_gather_fn(), c);
   {
-    IpcTeam team(rank, world, rv.all_gather_fn());
+    IpcTeam team(rank, world, rv.all_gather_fn(), 0, heap_from_env());
     team.set_timeout(kDeviceTimeoutS);
     const SymmetricId buf = team.alloc_symmetric(comet::testing::pattern_buffer_bytes(world, kSlice));
     check_tables(team, buf, c);
@@ -177,7 +177,7 @@ int run_checks(int rank, int world, comet::testing::SocketRendezvous& rv, Checks
 // A dead or absent peer (the last rank) in a forward, then the collective teardown.
 int run_dead_peer(int rank, int world, comet::testing::SocketRendezvous& rv, bool killed, Checks& c) {
 #if COMET_IPC_FUSED
-  IpcTeam team(rank, world, rv.all_gather_fn());
+  IpcTeam team(rank, world, rv.all_gather_fn(), 0, heap_from_env());
   team.set_timeout(kDeviceTimeoutS);
   const std::string e = check_dead_peer(team, killed, [&] { rv.barrier(); });
   c.expect(e.empty(), e);

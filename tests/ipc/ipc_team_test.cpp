@@ -163,6 +163,7 @@ int run_parent() {
     return 1;
   }
   int passed = 0, failed = 0;
+  std::printf("symmetric heap: %s\n", to_string(heap_from_env()));
   const std::vector<std::pair<std::string, int>> cases{{"team", 2},        {"team", 4},        {"team", 8},
                                                        {"absent_peer", 2}, {"absent_peer", 4}, {"killed_peer", 2},
                                                        {"killed_peer", 4}};

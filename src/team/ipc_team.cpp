@@ -33,8 +33,18 @@ void release_ipc(std::vector<void*>& opened, std::vector<void*>& owned, uint64_t
   epoch = nullptr;
 }
 
-// Every rank asked for the same bytes, in the same rank-major all-gather.
-void check_records(const std::vector<ExportRecord>& all, int world, int rank, size_t bytes) {
+// Every rank's record of an allocation (its size, and its CUDA IPC handle where there is one), checked:
+// every rank asked for the same bytes, in the same rank-major all-gather.
+std::vector<ExportRecord> exchange_records(const AllGatherFn& all_gather, const cudaIpcMemHandle_t* handle,
+                                           size_t bytes, int rank, int world) {
+  ExportRecord me;
+  std::memset(&me, 0, sizeof(me));
+  if (handle) me.handle = *handle;
+  me.bytes = bytes;
+  me.rank = rank;
+  me.world = world;
+  std::vector<ExportRecord> all(world);
+  all_gather(&me, all.data(), sizeof(ExportRecord));
   for (int p = 0; p < world; ++p) {
     COMET_REQUIRE(all[p].rank == p && all[p].world == world, "alloc_symmetric: all-gather slot ", p,
                   " came from rank ", all[p].rank, " of world ", all[p].world, " (expected rank ", p, " of ", world,
@@ -42,6 +52,14 @@ void check_records(const std::vector<ExportRecord>& all, int world, int rank, si
     COMET_REQUIRE(all[p].bytes == bytes, "alloc_symmetric: rank ", p, " asked for ", all[p].bytes, " bytes, rank ",
                   rank, " for ", bytes, ": every rank must make the same calls with the same sizes");
   }
+  return all;
+}
+
+// A meeting of every rank: each contributes one word and gets every rank's.
+std::vector<int32_t> meet(const AllGatherFn& all_gather, int32_t mine, int world) {
+  std::vector<int32_t> all(world);
+  all_gather(&mine, all.data(), sizeof(mine));
+  return all;
 }
 
 }  // namespace
@@ -94,9 +112,7 @@ void IpcTeam::close() {
     // Every rank has drained its own stream before it contributes: once the gather completes, no
     // kernel of any rank touches any of these buffers.
     try {
-      const int32_t leaving = rank_;
-      std::vector<int32_t> all(world_);
-      all_gather_(&leaving, all.data(), sizeof(leaving));
+      meet(all_gather_, rank_, world_);
     } catch (const std::exception& e) {
       failure = e.what();
     }
@@ -141,15 +157,9 @@ SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
   // Zeroed and complete before the handle leaves this process: peers may write as soon as they open it.
   team_detail::zero_device_sync(mine, bytes);
 
-  ExportRecord me;
-  std::memset(&me, 0, sizeof(me));
-  COMET_CUDA_CHECK(cudaIpcGetMemHandle(&me.handle, mine));
-  me.bytes = bytes;
-  me.rank = rank_;
-  me.world = world_;
-  std::vector<ExportRecord> all(world_);
-  all_gather_(&me, all.data(), sizeof(ExportRecord));
-  check_records(all, world_, rank_, bytes);
+  cudaIpcMemHandle_t handle;
+  COMET_CUDA_CHECK(cudaIpcGetMemHandle(&handle, mine));
+  const std::vector<ExportRecord> all = exchange_records(all_gather_, &handle, bytes, rank_, world_);
 
   Allocation a;
   a.bytes = bytes;
@@ -171,14 +181,7 @@ SymmetricId IpcTeam::alloc_symmetric(size_t bytes) {
 // NVSHMEM's heap: the sizes are checked before nvshmem_malloc (collective: a mismatch inside it would
 // fail or wait), the copy is zeroed, and the ranks meet again before any peer may write into it.
 SymmetricId IpcTeam::alloc_nvshmem(size_t bytes) {
-  ExportRecord me;
-  std::memset(&me, 0, sizeof(me));
-  me.bytes = bytes;
-  me.rank = rank_;
-  me.world = world_;
-  std::vector<ExportRecord> all(world_);
-  all_gather_(&me, all.data(), sizeof(ExportRecord));
-  check_records(all, world_, rank_, bytes);
+  exchange_records(all_gather_, nullptr, bytes, rank_, world_);
   void* mine = team_detail::NvshmemHeap::alloc(bytes);
   nvshmem_owned_.push_back(mine);
   team_detail::zero_device_sync(mine, bytes);
@@ -187,9 +190,7 @@ SymmetricId IpcTeam::alloc_nvshmem(size_t bytes) {
   a.local = {mine};
   a.peers.assign(1, std::vector<void*>(world_, nullptr));
   for (int p = 0; p < world_; ++p) a.peers[0][p] = p == rank_ ? mine : team_detail::NvshmemHeap::peer(mine, p);
-  const int32_t zeroed = rank_;
-  std::vector<int32_t> met(world_);
-  all_gather_(&zeroed, met.data(), sizeof(zeroed));
+  meet(all_gather_, rank_, world_);  // every copy is zero
   return register_allocation(std::move(a));
 }
 
@@ -203,8 +204,7 @@ void IpcTeam::free_symmetric(SymmetricId buf) {
   std::string failure;
   try {
     const int32_t mine = buf.id;
-    std::vector<int32_t> all(world_);
-    all_gather_(&mine, all.data(), sizeof(mine));
+    const std::vector<int32_t> all = meet(all_gather_, mine, world_);
     for (int p = 0; p < world_; ++p)
       COMET_REQUIRE(all[p] == mine, "IpcTeam::free_symmetric: rank ", p, " frees symmetric buffer ", all[p],
                     ", rank ", rank_, " buffer ", mine, ": every rank must free the same buffers in the same order");
@@ -235,9 +235,7 @@ void IpcTeam::free_symmetric(SymmetricId buf) {
   // (freeing memory another process still maps is undefined).
   if (failure.empty()) {
     try {
-      const int32_t mine = buf.id;
-      std::vector<int32_t> all(world_);
-      all_gather_(&mine, all.data(), sizeof(mine));
+      meet(all_gather_, buf.id, world_);
     } catch (const std::exception& e) {
       failure = e.what();
     }

@@ -301,3 +301,9 @@ def test_layer_footprint_sizes_a_layer_before_it_is_built():
         comet.layer_footprint(7168, 2048, 256, 8, ep=8, max_tokens=4096, max_rows=1024, load_factor=1.5)
     with pytest.raises(ValueError, match="activation"):
         comet.layer_footprint(7168, 2048, 256, 8, "relu", ep=8, max_tokens=4096)
+
+
+def test_symmetric_heap_is_checked_before_the_team_is_built():
+    assert isinstance(comet._C.nvshmem_available(), bool)
+    with pytest.raises(comet.InvalidArgument, match="unknown symmetric heap 'bogus'"):
+        comet._C.IpcTeam(0, 2, lambda mine: mine * 2, 0, "bogus")

@@ -18,6 +18,9 @@
 //       are reported as unmeasured; a skewed case takes its load class's entry when the table has one,
 //       as the adaptive split does); --measured-work gives the cost model the rows each record counted
 //       instead of the uniform expectation (what a pick made on the device, from the plan, would see)
+//   comet-tune --what-if-link 450 [--latency-scale 2] [--tokens LIST] [--table PATH]
+//       the cost model's picks and predicted fused / sequential times for the benchmark's cases at a
+//       link we cannot measure on one GPU (link_what_if.hpp)
 //   comet-tune --where
 //       which tables a FusedMoe loads by default (the shipped one, then the user's over it)
 //   comet-tune --lookup-overhead
@@ -40,6 +43,7 @@
 #include "tune/cost_model_eval.hpp"
 #include "comet/tune.hpp"
 #include "comet_bench.hpp"
+#include "link_what_if.hpp"
 #include "models.hpp"
 
 using namespace comet;
@@ -61,6 +65,8 @@ struct Args {
   bool lookup_overhead = false;
   bool measured_work = false;  // --evaluate: the cost model sees each record's measured rows
   bool dump_work = false;      // --evaluate: also print each case's measured work and sweep as JSON
+  double what_if_gbps = 0;      // --what-if-link
+  double latency_scale = 1.0;   // --latency-scale
 };
 
 // What the evaluation asks the tuner: the tile the sweeps measured, the rest its choice.
@@ -392,6 +398,8 @@ int main(int argc, char** argv) {
     else if (s == "--layers") a.layers = value();
     else if (s == "--sms") a.sms = std::atoi(value().c_str());
     else if (s == "--lookup-overhead") a.lookup_overhead = true;
+    else if (s == "--what-if-link") a.what_if_gbps = std::atof(value().c_str());
+    else if (s == "--latency-scale") a.latency_scale = std::atof(value().c_str());
     else if (s == "--where") {
       where();
       return 0;
@@ -400,6 +408,7 @@ int main(int argc, char** argv) {
                            " [--routings uniform,zipf1.2]"
                            " | --from-results JSON... [--tile-runs JSON...]) [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work]"
+                           " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
                            " | --lookup-overhead | --where\n");
       return s == "-h" || s == "--help" ? 0 : 2;
     }
@@ -407,6 +416,12 @@ int main(int argc, char** argv) {
   try {
     if (a.lookup_overhead) {
       lookup_overhead();
+      return 0;
+    }
+    if (a.what_if_gbps > 0) {
+      const TuneTable table = a.table == TuneTable::user_path() ? TuneTable::load_default() : TuneTable::load(a.table);
+      tune_tool::what_if_link(table, a.what_if_gbps, a.latency_scale,
+                              a.tokens == "1024,4096" ? "256,1024,4096,16384" : a.tokens, a.sms > 0 ? a.sms : 132);
       return 0;
     }
     if (!a.evaluate.empty()) {

@@ -12,7 +12,7 @@
 //   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...]
 //       the same from benchmark results already measured (any machine); --tile-runs files only feed
 //       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs
-//   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work]
+//   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work] [--sequential-margin X]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
 //       are reported as unmeasured; a skewed case takes its load class's entry when the table has one,
@@ -35,6 +35,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -67,6 +68,7 @@ struct Args {
   bool dump_work = false;      // --evaluate: also print each case's measured work and sweep as JSON
   double what_if_gbps = 0;      // --what-if-link
   double latency_scale = 1.0;   // --latency-scale
+  std::optional<double> sequential_margin;  // --sequential-margin: overrides the cost models' (H200, both links)
 };
 
 // What the evaluation asks the tuner: the tile the sweeps measured, the rest its choice.
@@ -400,6 +402,7 @@ int main(int argc, char** argv) {
     else if (s == "--lookup-overhead") a.lookup_overhead = true;
     else if (s == "--what-if-link") a.what_if_gbps = std::atof(value().c_str());
     else if (s == "--latency-scale") a.latency_scale = std::atof(value().c_str());
+    else if (s == "--sequential-margin") a.sequential_margin = std::atof(value().c_str());
     else if (s == "--where") {
       where();
       return 0;
@@ -407,7 +410,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
                            " | --from-results JSON... [--tile-runs JSON...]) [--table PATH]"
-                           " | --evaluate JSON... [--measured-work] [--dump-work]"
+                           " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
                            " | --lookup-overhead | --where\n");
       return s == "-h" || s == "--help" ? 0 : 2;
@@ -430,7 +433,15 @@ int main(int argc, char** argv) {
         auto r = read_records(p);
         records.insert(records.end(), r.begin(), r.end());
       }
-      evaluate(records, a, TuneTable::load(a.table));
+      TuneTable table = TuneTable::load(a.table);
+      if (a.sequential_margin) {
+        for (Link link : {Link::host, Link::device}) {
+          CostModel m = table.model("NVIDIA H200", link);
+          m.sequential_margin = *a.sequential_margin;
+          table.set_model("NVIDIA H200", link, m);
+        }
+      }
+      evaluate(records, a, table);
       return 0;
     }
     if (!a.model.empty()) a.results.push_back(measure(a));

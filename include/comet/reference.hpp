@@ -78,4 +78,18 @@ template <class T>
 std::vector<T> expert_output(const MoeShape& shape, const ExpertWeights<T>& weights, int expert,
                              const T* hidden_shard, int f_begin, int f_end);
 
+// fp8 (issue 17): what comet's fp8 layer 0 computes with. Every token row of x quantised to e4m3 in
+// 1 x 128 blocks and every expert's w0 [w0_rows][H] in 128 x 128 blocks (comet/fp8.hpp), then
+// dequantised; w1 and the rest unchanged (layer 1 stays bf16). forward_fp8 is forward() over them: the
+// oracle of the fp8 path, whose GEMM differs from it only by fp32 accumulation order.
+template <class T>
+struct Fp8Layer0 {
+  ExpertWeights<T> weights;
+  std::vector<RankInput<T>> ranks;
+};
+Fp8Layer0<float> quantize_layer0(const MoeShape& shape, const ExpertWeights<float>& weights,
+                                 const std::vector<RankInput<float>>& ranks);
+RankOutputs<float> forward_fp8(const MoeShape& shape, const Parallel& par, const ExpertWeights<float>& weights,
+                               const std::vector<RankInput<float>>& ranks);
+
 }  // namespace comet::reference

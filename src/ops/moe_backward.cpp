@@ -129,10 +129,12 @@ void MoeEngine::grad_gates(int rank) {
 }
 
 void MoeEngine::grad_weights1(int rank, const RankGrad& g, const BackwardOptions& o) {
-  grad_weights1_on(compute_state(rank), g, o, compute_state(rank).stream);
+  RankState& s = compute_state(rank);
+  grad_weights1_on(s, g, o, s.stream);
 }
 void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions& o) {
-  grad_weights0_on(compute_state(rank), g, o, compute_state(rank).stream);
+  RankState& s = compute_state(rank);
+  grad_weights0_on(s, g, o, s.stream);
 }
 
 // dW1_e = G_e^T (g h)_e: P = G [rows][H], Q = the gated hidden rows [rows][F_s].

@@ -174,8 +174,12 @@ MoeEngine::~MoeEngine() {
   }
 }
 
-MoeEngine::RankState& MoeEngine::compute_state(int rank) const {
+void MoeEngine::require_open() const {
   COMET_REQUIRE(!closed_, "FusedMoe: the layer is closed (FusedMoe::close): no call may run on it");
+}
+
+MoeEngine::RankState& MoeEngine::compute_state(int rank) const {
+  require_open();
   RankState& s = state(rank);
   COMET_REQUIRE(s.computes, "FusedMoe: rank ", rank,
                 " does not compute here (MoeOptions::compute_ranks): it only stages its tokens");
@@ -224,7 +228,7 @@ void MoeEngine::set_weights(int rank, const void* w0, const void* w1) {
 
 void MoeEngine::check_batch(int rank, const RankBatch& b) const {
   COMET_REQUIRE(!team_.closed(), "FusedMoe: the team is closed (IpcTeam::close): no call may run on it");
-  COMET_REQUIRE(!closed_, "FusedMoe: the layer is closed (FusedMoe::close): no call may run on it");
+  require_open();
   const RankState& s = state(rank);
   COMET_REQUIRE(b.tokens >= 0 && b.tokens <= cap_.max_tokens_per_rank, "FusedMoe: rank ", rank, " passes ", b.tokens,
                 " tokens; capacity is ", cap_.max_tokens_per_rank, " per rank");

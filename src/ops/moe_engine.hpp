@@ -137,6 +137,7 @@ class MoeEngine {
  private:
   struct RankState;
   RankState& state(int rank) const;
+  void require_open() const;  // refuses any call on a closed layer (close())
   RankState& compute_state(int rank) const;  // state(rank); refused if the layer is closed or the rank idle
   void free_symmetric();  // the layer's symmetric buffers back to the team (collective)
   void gather_peer_failures(const RankState& s);

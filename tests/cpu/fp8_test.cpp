@@ -118,6 +118,9 @@ TEST(Fp8Reference, Layer0PreActivationsStayWithinTheDotBound) {
   const auto p = comet::testing::MoeProblem::make(shape, par, {37, 0}, comet::testing::RoutingKind::uniform, 5);
   const reference::Fp8Layer0<float> q = reference::quantize_layer0(shape, p.weights, p.inputs);
   const int H = shape.hidden, n0 = shape.w0_rows();
+  std::vector<fp8::Quantized> qw;  // each expert's w0, for its blocks' scales
+  for (int e = 0; e < shape.num_experts; ++e)
+    qw.push_back(fp8::quantize_weights(&p.weights.w0[size_t(e) * n0 * H], n0, H));
   int checked = 0;
   double worst_fraction = 0;
   for (size_t s = 0; s < p.inputs.size(); ++s) {
@@ -128,12 +131,11 @@ TEST(Fp8Reference, Layer0PreActivationsStayWithinTheDotBound) {
       for (int j = 0; j < shape.topk; ++j) {
         const int e = in.ids[size_t(t) * shape.topk + j];
         const float* w = &p.weights.w0[size_t(e) * n0 * H];
-        const fp8::Quantized qw = fp8::quantize_weights(w, n0, H);
         for (int n = 0; n < n0; ++n) {
           std::vector<float> sx(H), sw(H);
           double exact = 0, quant = 0;
           for (int i = 0; i < H; ++i) {
-            sx[i] = qx.scale_of(t, i), sw[i] = qw.scale_of(n, i);
+            sx[i] = qx.scale_of(t, i), sw[i] = qw[e].scale_of(n, i);
             exact += double(w[size_t(n) * H + i]) * in.x[size_t(t) * H + i];
             quant += double(q.weights.w0[size_t(e) * n0 * H + size_t(n) * H + i]) * q.ranks[s].x[size_t(t) * H + i];
           }

@@ -4,7 +4,9 @@
 //   schedule.count() / schedule.at(w)  which tile is the w-th of this call (plan order, rasterised)
 //   hooks.before_load(tile, lane)      called by the whole producer warp before a tile's TMA loads
 //                                      (layer 0 waits there for the tile's rows to land)
-//   hooks.epilogue(acc, tile, tid)     called by the 256 consumer threads with the fp32 accumulators
+//   hooks.epilogue(acc, tile, tid, staging)
+//                                      called by the 256 consumer threads with the fp32 accumulators and
+//                                      the block's epilogue staging memory (kEpilogueStagingBytes)
 //                                      (activation + store; layer 1 also publishes the tile's done flag)
 // Compute block c of n_compute takes tiles c, c + n_compute, ... so that all blocks walk the list
 // together, in its order.
@@ -99,7 +101,7 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
         mainloop.mma_tail(pipeline, read_state, tile_k);
         read_state.advance(tile_k);
       }
-      hooks.epilogue(acc, tile, mma_thread);
+      hooks.epilogue(acc, tile, mma_thread, storage.epilogue_staging);
     }
   }
 }

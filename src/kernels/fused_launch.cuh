@@ -54,6 +54,10 @@ std::string layer0_can_implement(const DispatchArgs& d, int n, int experts, cons
 }
 template <class Cfg>
 std::string layer0_can_implement(const Layer0Launch& l, const KernelSplit& split) {
+  // The epilogue stores 16-byte units of 8 output columns (epilogue.cuh: store_tile).
+  if (l.hid_ld % 8 != 0 || (l.act == EpilogueOp::swiglu && l.n0 % 16 != 0))
+    return detail::concat("fused layer 0: the hidden rows' stride (", l.hid_ld, ") must be a multiple of 8 and, for ",
+                          "swiglu, N (", l.n0, ") a multiple of 16");
   return layer0_can_implement<Cfg>(l.dispatch, l.n0, l.experts, split);
 }
 

@@ -26,6 +26,15 @@ namespace comet::kernels {
 // dPre W0) and, in the weight gradients (P^T Q over a row range), both operands MN-major.
 enum class Major { k, mn };
 
+// Shared memory the epilogue stages its output rows in (epilogue.cuh: store_tile): per consumer warp
+// (8 of them) 16 rows x 64 columns of bf16 at a row pitch of 144 bytes. Carved out of the mainloop's
+// stage count (128x256 and 128x192 tiles keep theirs; 128x128 goes from 7 stages to 6).
+constexpr int kEpilogueWarps = 8;
+constexpr int kEpilogueRows = 16;      // rows of the tile each consumer warp holds (wgmma m64: 16 per warp)
+constexpr int kEpilogueCols = 64;      // columns staged at a time
+constexpr int kEpiloguePitch = 144;    // bytes per staged row: 128 + 16, so 8 rows hit 8 different bank groups
+constexpr int kEpilogueStagingBytes = kEpilogueWarps * kEpilogueRows * kEpiloguePitch;
+
 template <int TileM_, int TileN_, Major AMajor_ = Major::k, Major BMajor_ = Major::k>
 struct GemmConfig {
   static constexpr int TileM = TileM_;
@@ -46,7 +55,7 @@ struct GemmConfig {
       cutlass::bfloat16_t, LayoutA, 8,
       cutlass::bfloat16_t, LayoutB, 8,
       float, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<0>,
+      cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueStagingBytes>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
   using MainloopParams = typename Mainloop::Params;
   using TiledMma = typename Mainloop::TiledMma;
@@ -56,8 +65,10 @@ struct GemmConfig {
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;
     alignas(16) typename Mainloop::PipelineStorage pipeline;
+    alignas(16) char epilogue_staging[kEpilogueStagingBytes];  // epilogue.cuh: store_tile
   };
   static constexpr int kSharedBytes = int(sizeof(SharedStorage));
+  static_assert(kSharedBytes <= 227 * 1024, "the tile's stages and the epilogue's staging exceed shared memory");
 
   // Packed strides (m or n, k, l) of an operand with `outer` rows of the non-K dimension and k of K:
   // K-major [l][outer][k], MN-major [l][k][outer].

@@ -70,8 +70,8 @@ struct Layer0Hooks {
   }
 
   template <class Acc>
-  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread) {
-    p.epi.template apply<Cfg>(acc, tile, mma_thread);
+  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread, char* staging) {
+    p.epi.template apply<Cfg>(acc, tile, mma_thread, staging);
   }
 };
 

@@ -58,8 +58,8 @@ struct Layer1Hooks {
   __device__ void before_load(const TileCoord&, int) {}
 
   template <class Acc>
-  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread) {
-    store_tile<Cfg>(acc, mma_thread, tile, EpilogueOp::none, p.y, p.ext.n, p.ext.n);
+  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread, char* staging) {
+    store_tile<Cfg>(acc, mma_thread, tile, EpilogueOp::none, p.y, p.ext.n, p.ext.n, staging);
     consumer_barrier();  // every consumer thread's stores of this tile are issued
     if (mma_thread == 0) {
       __threadfence();

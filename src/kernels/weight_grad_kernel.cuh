@@ -53,7 +53,7 @@ struct WeightGradHooks {
   __device__ void before_load(const TileCoord&, int) {}
 
   template <class Acc>
-  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread) {
+  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread, char* /*staging*/) {
     using namespace cute;
     typename Cfg::TiledMma tiled_mma;
     auto thread_mma = tiled_mma.get_slice(mma_thread);

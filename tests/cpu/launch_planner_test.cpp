@@ -168,6 +168,22 @@ TEST(LaunchPlanner, RasterisationRule) {
   EXPECT_EQ(l1.m_group, 16);
 }
 
+// A combine layer's GEMM without comm blocks beside it groups half its column blocks (a wave reads A and
+// B about equally often); with a combine in flight the column order stays the table's; a request wins.
+TEST(LaunchPlanner, ColumnGroupsOfAGemmWithoutCombine) {
+  const LaunchPlanner p = planner(Parallel{8, 1});
+  // Mixtral: H 4096 -> 16 column blocks of 256, 32 of 128.
+  EXPECT_EQ(p.plan(1, LayerMode::gemm_only, 4096, LayerRequest::forced(256, 0)).decision.n_group, 8);
+  EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, LayerRequest::forced(128, 0)).decision.n_group, 16);  // sequential
+  EXPECT_EQ(p.plan(3, LayerMode::gemm_only, 4096, LayerRequest::forced(256, 0)).decision.n_group, 8);
+  EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, LayerRequest::forced(256, 4)).decision.n_group, 1);
+  LayerRequest r = LayerRequest::forced(256, 0);
+  r.n_group = 3;
+  EXPECT_EQ(p.plan(1, LayerMode::gemm_only, 4096, r).decision.n_group, 3);
+  // Layer 0's schedule covers every column block of an M-tile; its n_group stays as given.
+  EXPECT_EQ(p.plan(0, LayerMode::gemm_only, 4096, LayerRequest::forced(256, 0)).decision.n_group, 1);
+}
+
 TEST(LaunchPlanner, AdaptiveSplitOnlyWhereTheTunerChoseTheCommBlocks) {
   const LaunchPlanner on = planner(Parallel{8, 1});
   const PlannedLaunch& tuned = on.plan(1, LayerMode::fused, 4096, tile(256));

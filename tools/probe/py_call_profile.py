@@ -32,7 +32,7 @@ def profile(fn, calls: int) -> tuple[float, str]:
         total += time.perf_counter() - t0
     torch.cuda.synchronize()
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(14)
+    pstats.Stats(prof, stream=out).sort_stats("tottime").print_stats(12)
     return total / calls * 1e6, out.getvalue()
 
 

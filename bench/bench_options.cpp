@@ -35,6 +35,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
   --tile-n N               comet's tile 128xN, N in {128, 256}, or 192 with --layers l0 (default: 256)
+  --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
+                           (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
   --warmup N               untimed runs before them (1 for huge cases)    (default: 2)
   --comm-all               time comm_only at every n_comm (default: at the best fused n_comm only)
@@ -145,6 +147,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.chunks = split_ints(value(), a);
     } else if (a == "--chunk-comm-blocks") {
       o.chunk_comm_blocks = to_int(value(), a);
+    } else if (a == "--tuned-tile") {
+      o.tuned_tile = true;
     } else if (a == "--tile-n") {
       o.tile_n = to_int(value(), a);
     } else if (a == "--reps") {

@@ -19,6 +19,7 @@ struct BenchOptions {
   int chunk_comm_blocks = 16;
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
+  bool tuned_tile = false;  // tuned records: the tuner picks the width as well
   int reps = 10;
   int warmup = 2;
   bool comm_all = false;       // comm_only at every n_comm of the sweep (default: at the best fused one)

@@ -14,9 +14,10 @@ namespace {
 
 // A forced launch (m_group: the planner's rule), and one whose n_comm the tuner picks for a given tile.
 LayerRequest variant(int tile_n, int n_comm) { return LayerRequest::forced(tile_n, n_comm); }
+// The tuner's pick, at a given tile width (0: the width the tuner picks too).
 LayerRequest tuned(int tile_n) {
   LayerRequest r;
-  r.tile_n = tile_n;
+  if (tile_n > 0) r.tile_n = tile_n;
   return r;
 }
 
@@ -158,6 +159,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   ChunkedMoe& chunked = *chunked_;
   const MoeShape& s = model_.shape;
   const int W = layout_.par.world(), H = s.hidden, fs = layout_.par.ffn_shard(s), tn = o_.tile_n;
+  const int tuned_tn = o_.tuned_tile ? 0 : tn;  // the tuned records' width: --tile-n, or the tuner's
   const int n0_cols = is_gated(s.act) ? 2 * fs : fs;
   const Rank& d0 = ranks_[0];
   const RankBatch b0{in.tokens, d0.x.get(), d0.ids.as<int32_t>(), d0.gates.as<float>(), d0.out.get()};
@@ -234,8 +236,8 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       const int limit = moe.resident_blocks(layer, tn);
       if (layer >= 2 && !backward_staged) {
         moe.prepare(0);
-        moe.layer0(0, LayerMode::fused, tuned(tn));
-        moe.layer1(0, LayerMode::fused, tuned(tn));
+        moe.layer0(0, LayerMode::fused, tuned(tuned_tn));
+        moe.layer1(0, LayerMode::fused, tuned(tuned_tn));
         moe.finish(0, b0);
         moe.stage_grad(0, grads_.grad());
         backward_staged = true;
@@ -298,17 +300,19 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       // The tuner's pick for this layer (table, else cost model): a record of its own, "tuned": true.
       // With --adaptive the launch gets n_comm -1, so the kernel may re-pick it from the plan; the record
       // holds the n_comm it ran with.
-      const LaunchDecision pick = moe.decision(layer, 0, LayerMode::fused, tuned(tn));
+      const LaunchDecision pick = moe.decision(layer, 0, LayerMode::fused, tuned(tuned_tn));
       const int tn_comm = pick.n_comm;
-      if (tn_comm >= 0 && tn_comm < limit) {
-        auto run_tuned = [launch, tn] { launch(LayerMode::fused, tuned(tn)); };
-        const Timing t = o_.adaptive              ? time(pre, run_tuned)
-                         : fused.count(tn_comm) ? fused[tn_comm]
-                                                : time(pre, run(LayerMode::fused, tn_comm));
+      if (tn_comm >= 0 && tn_comm < moe.resident_blocks(layer, pick.tile_n)) {
+        auto run_tuned = [launch, tuned_tn] { launch(LayerMode::fused, tuned(tuned_tn)); };
+        auto run_pick = [launch, &pick] { launch(LayerMode::fused, LayerRequest::forced(pick.tile_n, pick.n_comm)); };
+        const Timing t = o_.adaptive                                   ? time(pre, run_tuned)
+                         : fused.count(tn_comm) && pick.tile_n == tn ? fused[tn_comm]
+                                                                     : time(pre, run_pick);
         Record f = base(in, name, "comet");
         f.mode = "fused";
         f.n_comm = o_.adaptive ? moe.last_n_comm(0, layer) : tn_comm;
         f.tuned = true;
+        f.tile_n = pick.tile_n;
         f.picked_by = std::string(pick.picked_by) + (o_.adaptive ? "+adaptive" : "");
         stamp(f, t, flops, true);
       }
@@ -408,16 +412,16 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         note(" | fwd comet %.3f", t.median_ms);
       }
       // What a user gets without choosing: the tuner's picks for both layers.
-      const LaunchDecision t0 = moe.decision(0, 0, LayerMode::fused, tuned(tn));
-      const LaunchDecision t1 = moe.decision(1, 0, LayerMode::fused, tuned(tn));
+      const LaunchDecision t0 = moe.decision(0, 0, LayerMode::fused, tuned(tuned_tn));
+      const LaunchDecision t1 = moe.decision(1, 0, LayerMode::fused, tuned(tuned_tn));
       auto as_forced = [](const LaunchDecision& d) {
         LayerRequest r = LayerRequest::forced(d.tile_n, d.n_comm);
         r.m_group = d.m_group;
         r.n_group = d.n_group;
         return r;
       };
-      const LayerRequest v0 = o_.adaptive ? tuned(tn) : as_forced(t0);
-      const LayerRequest v1 = o_.adaptive ? tuned(tn) : as_forced(t1);
+      const LayerRequest v0 = o_.adaptive ? tuned(tuned_tn) : as_forced(t0);
+      const LayerRequest v1 = o_.adaptive ? tuned(tuned_tn) : as_forced(t1);
       const bool same = swept && !o_.adaptive && t0.n_comm == n0 && t1.n_comm == n1;
       const Timing tt = same ? t : time(nullptr, [&] {
         moe.prepare(0);
@@ -430,6 +434,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       tr.n_comm = o_.adaptive ? moe.last_n_comm(0, 0) : t0.n_comm;
       tr.n_comm_l1 = o_.adaptive ? moe.last_n_comm(0, 1) : t1.n_comm;
       tr.tuned = true;
+      tr.tile_n = t0.tile_n;  // layer 0's (layer 1's is in picked_by's decision, not recorded)
       tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by + (o_.adaptive ? "+adaptive" : "");
       stamp(tr, tt, flops0 + flops1, true);
       note(swept ? " tuned %.3f" : " | fwd comet tuned %.3f", tt.median_ms);

@@ -147,7 +147,7 @@ class TuneTable {
 // The choice for one launch, and where it came from.
 struct TunedVariant {
   LayerVariant variant;
-  const char* picked_by = "";  // "table", "cost_model"
+  const char* picked_by = "";  // "table", "table+tile" (the table's n_comm, the model's tile), "cost_model"
 };
 
 // Table first, cost model second, for what `request` leaves open: the tile shape (the table's entry,

@@ -9,7 +9,8 @@ host_us: wall time of one call on the host, each call started on an idle GPU, th
 call by call (so drift of clocks and caches hits them alike); the median over the rounds.
 host_us_busy: the same with 4 calls per round, so that calls 2-4 are made while the GPU runs the
 earlier ones (as in a training loop; host-side CUDA calls get slower then). gpu_ms: CUDA-event time
-per call over back-to-back calls. The Python overhead is host_us(module) - host_us(ext).
+per call over back-to-back calls. The Python overhead is over_ext_us of the module: the median over
+rounds of module's time less ext's in the same round (the host's drift cancels in each pair).
 
     python -m comet.bench [--tokens 128,4096] [--model mixtral|small] [--json out.json]
 """
@@ -30,18 +31,32 @@ MODELS = {  # hidden, ffn, experts, top-k
 }
 
 
-def host_us(fns: dict, rounds: int = 150, calls: int = 4) -> dict:
-    """Median host time per call of each entry of fns, interleaved round by round."""
+def host_times(fns: dict, rounds: int = 150, calls: int = 4) -> dict:
+    """Host time per call (us) of each entry of fns, one value per round. The entries are interleaved
+    round by round, and their order rotates from one round to the next, so that drift of clocks and
+    caches and the position after the synchronisation hit them alike."""
     times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    items = list(fns.items())
+    for r in range(rounds):
+        for name, fn in items[r % len(items):] + items[:r % len(items)]:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
             for _ in range(calls):
                 fn()
-            times[name].append((time.perf_counter() - t0) / calls)
+            times[name].append((time.perf_counter() - t0) / calls * 1e6)
     torch.cuda.synchronize()
-    return {name: statistics.median(t) * 1e6 for name, t in times.items()}
+    return times
+
+
+def paired_overhead_us(times: dict, entry: str = "module", base: str = "ext") -> float:
+    """Median over rounds of entry's time less base's in the same round: the Python overhead, robust to
+    the host's slow drifts (a difference of medians is not)."""
+    return statistics.median(a - b for a, b in zip(times[entry], times[base]))
+
+
+def host_us(fns: dict, rounds: int = 150, calls: int = 4) -> dict:
+    """Median host time per call of each entry of fns (host_times)."""
+    return {name: statistics.median(t) for name, t in host_times(fns, rounds, calls).items()}
 
 
 def gpu_ms(fn, calls: int = 20) -> float:
@@ -88,13 +103,18 @@ def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
         gpu = {name: gpu_ms(fn) for name, fn in fns.items()}
         # About 10 s of GPU time per case: many rounds for small layers, at least 20 for large ones.
         rounds = max(20, min(300, int(10e3 / sum(gpu.values()))))
-        host = host_us(fns, rounds=rounds, calls=1)
-        busy = host_us(fns, rounds=max(20, rounds // 4), calls=4)
+        idle_times = host_times(fns, rounds=rounds, calls=1)
+        busy_times = host_times(fns, rounds=max(20, rounds // 4), calls=4)
+        host = {name: statistics.median(t) for name, t in idle_times.items()}
+        busy = {name: statistics.median(t) for name, t in busy_times.items()}
+        paired = {name: paired_overhead_us(idle_times, name) for name in fns}
+        paired_busy = {name: paired_overhead_us(busy_times, name) for name in fns}
         records = []
         for name in fns:
             records.append({"model": model, "layer": "fwd", "system": f"comet-{name}", "world": world, "ep": world,
                             "tp": 1, "link": link, "tokens_per_rank": tokens, "routing": "uniform",
                             "host_us": host[name], "host_us_busy": busy[name], "median_ms": gpu[name],
+                            "over_ext_us": paired[name], "over_ext_us_busy": paired_busy[name],
                             "rounds": rounds,
                             "gpu": torch.cuda.get_device_name(), "entry": name})
     eng.synchronize()
@@ -117,9 +137,9 @@ def main() -> None:
             by = {r["entry"]: r for r in rs}
             print(f"{a.model} W={world} link={a.link} tokens/rank={tokens}: host us per call "
                   f"ext {by['ext']['host_us']:.1f}, op {by['op']['host_us']:.1f}, module {by['module']['host_us']:.1f} "
-                  f"-> Python overhead {by['module']['host_us'] - by['ext']['host_us']:.1f} us (GPU busy: ext "
-                  f"{by['ext']['host_us_busy']:.1f}, module {by['module']['host_us_busy']:.1f} -> "
-                  f"{by['module']['host_us_busy'] - by['ext']['host_us_busy']:.1f} us); GPU ms per call "
+                  f"-> Python overhead (median of per-round differences) {by['module']['over_ext_us']:.1f} us "
+                  f"(GPU busy: ext {by['ext']['host_us_busy']:.1f}, module {by['module']['host_us_busy']:.1f} -> "
+                  f"{by['module']['over_ext_us_busy']:.1f} us); GPU ms per call "
                   f"ext {by['ext']['median_ms']:.3f}, module {by['module']['median_ms']:.3f}", flush=True)
             records += rs
     if a.json:

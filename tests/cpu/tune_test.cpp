@@ -234,6 +234,28 @@ TEST(CostModel, TileShapeFollowsTheColumnsThatPaddingWastes) {
   EXPECT_LT(m.predict_ms(w, 2, 132, 128), m.predict_ms(w, 2, 132, 256));
 }
 
+// A table entry's width gives way where another pads the layer's N much less (the sweeps ran one width);
+// the table's n_comm stays. Not where the widths pad alike (the table's measured pick stands), nor
+// against a request.
+TEST(PickVariant, TableTileGivesWayToMuchLessPadding) {
+  TuneTable t;
+  const TuneKey k = key_for(0, 4096);
+  t.put(k, TuneEntry{LayerVariant{256, 6, 0, 1}, 1.0});
+  const LayerWork qwen2_tp8 = expected_work(MoeShape{2048, 1408, 64, 4, Activation::swiglu}, Parallel{1, 8}, 0, 4096, 256);
+  const TunedVariant retiled = pick_variant(t, k, qwen2_tp8, LayerRequest{});
+  EXPECT_EQ(retiled.variant.tile_n, 192);  // N 352: 384 columns against 512
+  EXPECT_EQ(retiled.variant.n_comm, 6);
+  EXPECT_STREQ(retiled.picked_by, "table+tile");
+  LayerRequest wide;
+  wide.tile_n = 256;
+  EXPECT_EQ(pick_variant(t, k, qwen2_tp8, wide).variant.tile_n, 256);
+  const LayerWork phi35_tp8 = expected_work(MoeShape{4096, 6400, 16, 2, Activation::swiglu}, Parallel{1, 8}, 0, 4096, 256);
+  EXPECT_EQ(pick_variant(t, k, phi35_tp8, LayerRequest{}).variant.tile_n, 256);  // 1728 against 1792: not enough
+  t.put(k, TuneEntry{LayerVariant{128, 6, 0, 1}, 1.0});
+  const LayerWork mixtral = expected_work(MoeShape{4096, 14336, 8, 2, Activation::swiglu}, Parallel{8, 1}, 0, 4096, 256);
+  EXPECT_EQ(pick_variant(t, k, mixtral, LayerRequest{}).variant.tile_n, 128);  // both pad 28672: measured pick stays
+}
+
 TEST(PickVariant, CostModelChoosesTheShapeOnlyWhenAsked) {
   const TuneTable empty;
   const LayerWork w = expected_work(MoeShape{2048, 1408, 64, 4, Activation::swiglu}, Parallel{1, 8}, 0, 4096, 256);

@@ -97,9 +97,11 @@ def run_case(model: str, tokens: int, world: int, link: str) -> list[dict]:
             weights = [(a.data_ptr(), b.data_ptr()) for a, b in zip(list(w0), list(w1))]
             ext = lambda: eng.native.forward(weights, batches, stream)  # noqa: E731
         fns = {"ext": ext, "op": op, "module": module}
-        for fn in fns.values():
-            for _ in range(3):
+        for fn in fns.values():  # warm-up: about a second each (the host's first calls ran slow)
+            t_end = time.perf_counter() + 1.0
+            while time.perf_counter() < t_end:
                 fn()
+                torch.cuda.synchronize()
         gpu = {name: gpu_ms(fn) for name, fn in fns.items()}
         # About 10 s of GPU time per case: many rounds for small layers, at least 20 for large ones.
         rounds = max(20, min(300, int(10e3 / sum(gpu.values()))))

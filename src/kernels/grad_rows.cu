@@ -103,7 +103,7 @@ __global__ void ship_gate_grads_kernel(ShipGateGradsArgs a) {
 
 __global__ void reduce_gate_grads_kernel(ReduceGateGradsArgs a) {
   const long long n = (long long)a.tokens * a.topk;
-  const bool failed = call_failed(a.failure);
+  const bool failed = block_call_failed(a.failure);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     if (failed) {
       a.dgates[i] = __int_as_float(0x7FC00000);  // quiet NaN

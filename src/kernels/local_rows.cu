@@ -43,7 +43,7 @@ __global__ void scatter_local_kernel(const __nv_bfloat16* x, __nv_bfloat16* a, i
 __global__ void final_reduce_kernel(FinalReduceArgs r) {
   const int chunks = r.hidden / 8;
   const long long n = (long long)r.tokens * chunks;
-  const bool failed = call_failed(r.failure);
+  const bool failed = block_call_failed(r.failure);
   for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
     const int t = int(i / chunks), c = int(i % chunks);
     if (failed) {

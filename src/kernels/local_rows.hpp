@@ -31,6 +31,15 @@ __device__ inline bool call_failed(const CallFailure& f) {
     if (*(volatile const int32_t*)(f.peer_words + s) != 0) return true;
   return false;
 }
+// call_failed, read by one thread of the block and shared: the words may sit in mapped host memory (a
+// host-link team), where a read per thread cost a forward ~65 ms of PCIe round trips. Every thread of
+// the block must call it.
+__device__ inline bool block_call_failed(const CallFailure& f) {
+  __shared__ int failed;
+  if (threadIdx.x == 0) failed = call_failed(f) ? 1 : 0;
+  __syncthreads();
+  return failed != 0;
+}
 #endif
 
 // *word = value, on the stream (a host value into device or mapped memory without a host sync).

@@ -11,7 +11,8 @@
 //       backward's two fused launches (2: backward of layer 1, 3: of layer 0), which get keys of their own
 //   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...]
 //       the same from benchmark results already measured (any machine); --tile-runs files only feed
-//       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs
+//       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs;
+//       --entries-only keeps the table's cost models (a partial sweep updates its keys' picks only)
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work] [--sequential-margin X]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
@@ -57,6 +58,7 @@ struct Args {
   std::vector<std::string> results;
   std::vector<std::string> evaluate;
   std::vector<std::string> tile_runs;  // --from-results files used only for the tile shapes' GEMM rates
+  bool entries_only = false;           // --from-results: the picks only, no cost-model refit
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
   // Measuring: the uniform sweep fills the keys (load class 1) and calibrates the cost model; the Zipf
   // sweep fills the entries of the hot rank's load class (none under TP, whose ranks all get every row).
@@ -245,6 +247,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     table.put(b.key, TuneEntry{b.v, b.ms});
     std::printf("  %-78s n_comm %2d  tile %d  %.3f ms\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms);
   }
+  if (a.entries_only) return;
   for (const auto& [mk, rates] : gemm_rate) {
     const std::string gpu = mk.substr(0, mk.rfind('|'));
     const Link lk = parse_link(mk.substr(mk.rfind('|') + 1));
@@ -389,6 +392,8 @@ int main(int argc, char** argv) {
     else if (s == "--dump-work") a.dump_work = true;
     else if (s == "--from-results") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.results.push_back(argv[++i]);
+    } else if (s == "--entries-only") {
+      a.entries_only = true;
     } else if (s == "--tile-runs") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.tile_runs.push_back(argv[++i]);
     } else if (s == "--model") a.model = value();
@@ -409,7 +414,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
-                           " | --from-results JSON... [--tile-runs JSON...]) [--table PATH]"
+                           " | --from-results JSON... [--tile-runs JSON...] [--entries-only]) [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
                            " | --lookup-overhead | --where\n");

@@ -116,6 +116,13 @@ int main(int argc, char** argv) {
   std::printf("%s: %d SMs, L2 %zu bytes; m_group %d (0: automatic), store lag %d\n", prop.name,
               prop.multiProcessorCount, size_t(prop.l2CacheSize), base.m_group.value_or(0),
               moe.options().dispatch_store_lag);
+  {  // The forward's steps around the layers: the plan build + local rows, and the final reduce.
+    std::function<void()> nothing = [] {};
+    std::function<void()> prepare = [&] { moe.prepare(0); };
+    std::function<void()> finish = [&] { moe.finish(0, batches[0]); };
+    std::printf("prepare (plan build, local rows) %.3f ms  finish (final reduce) %.3f ms\n",
+                median_ms(s, 10, nothing, prepare), median_ms(s, 10, nothing, finish));
+  }
   for (int layer = 0; layer < 2; ++layer) {
     auto run = [&](LayerMode m, int n_comm) {
       LayerRequest v = base;

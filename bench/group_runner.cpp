@@ -422,7 +422,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       };
       const LayerRequest v0 = o_.adaptive ? tuned(tuned_tn) : as_forced(t0);
       const LayerRequest v1 = o_.adaptive ? tuned(tuned_tn) : as_forced(t1);
-      const bool same = swept && !o_.adaptive && t0.n_comm == n0 && t1.n_comm == n1;
+      const bool same = swept && !o_.adaptive && t0.n_comm == n0 && t1.n_comm == n1 && t0.tile_n == tn && t1.tile_n == tn;
       const Timing tt = same ? t : time(nullptr, [&] {
         moe.prepare(0);
         moe.layer0(0, LayerMode::fused, v0);

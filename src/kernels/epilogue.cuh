@@ -66,10 +66,10 @@ __device__ void store_tile(const Acc& acc, int mma_thread, const TileCoord& tile
   const int out_col0 = tile.n_block * (swiglu ? Cfg::TileN / 2 : Cfg::TileN);
   __nv_bfloat16* out_rows = out + size_t(tile.m_block * Cfg::TileM + warp * kEpilogueRows) * ld;
 
-  // This thread's first coordinate; element i lies at a compile-time offset from it (the loops are
+  // Element i's column lies at a compile-time offset from this thread's first one (the loops are
   // unrolled, so the chunk tests below fold away).
-  const int m_first = get<0>(coords(0)), c_first = get<1>(coords(0));
-  auto row_of = [&](int i) { return m_first - warp * kEpilogueRows + (get<0>(coords(i)) - m_first); };
+  const int c_first = get<1>(coords(0));
+  auto row_of = [&](int i) { return get<0>(coords(i)) - warp * kEpilogueRows; };  // in the warp's 16 rows
   auto col_off = [&](int i) { return get<1>(coords(i)) - c_first; };  // a multiple of 8
   auto slab_at = [&](int r, int col) { return reinterpret_cast<__nv_bfloat162*>(slab + r * kEpiloguePitch + col * 2); };
 

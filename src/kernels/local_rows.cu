@@ -57,26 +57,12 @@ __global__ void final_reduce_kernel(FinalReduceArgs r) {
       const long long e = r.ids_64 ? static_cast<const int64_t*>(r.ids)[slot] : static_cast<const int32_t*>(r.ids)[slot];
       if (e >= 0 && e < r.num_experts) groups |= 1u << (e / r.local_experts);  // bad ids: the plan reports them
     }
-    // The slots' loads go out 8 at a time before any is summed (the receive slots may sit across a
-    // link, where one load in flight per thread is latency-bound); the sum stays in rank order.
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    constexpr int kBatch = 8;
-    for (int q0 = 0; q0 < r.world; q0 += kBatch) {
-      uint4 part[kBatch];
-      bool used[kBatch];
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j) {
-        const int q = q0 + j;
-        used[j] = q < r.world && (groups >> (q / r.tp) & 1u);
-        if (used[j]) {
-          const __nv_bfloat16* row = q == r.rank ? r.self_partial + size_t(t) * r.hidden
-                                                 : r.recv + (size_t(q) * r.max_tokens + t) * r.hidden;
-          part[j] = reinterpret_cast<const uint4*>(row)[c];
-        }
-      }
-#pragma unroll
-      for (int j = 0; j < kBatch; ++j)
-        if (used[j]) accumulate_bf16x8(acc, part[j], 1.0f);
+    for (int q = 0; q < r.world; ++q) {
+      if (!(groups >> (q / r.tp) & 1u)) continue;
+      const __nv_bfloat16* part = q == r.rank ? r.self_partial + size_t(t) * r.hidden
+                                              : r.recv + (size_t(q) * r.max_tokens + t) * r.hidden;
+      accumulate_bf16x8(acc, reinterpret_cast<const uint4*>(part)[c], 1.0f);
     }
     reinterpret_cast<uint4*>(r.out + size_t(t) * r.hidden)[c] = pack_bf16x8(acc);
   }

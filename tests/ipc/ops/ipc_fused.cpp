@@ -1,7 +1,10 @@
 // The fused MoE layer across processes: every rank of an IpcTeam runs FusedMoe::forward on its own
 // tokens and checks its output against the CPU reference (every process builds the same problem from
 // the same seed; two shapes), then checks that a second run from poisoned buffers is bitwise identical,
-// and that FusedMoe::close gives the exported buffers back (collectively) and refuses later calls.
+// and that FusedMoe::close gives the exported buffers back (collectively) and refuses later calls. Each
+// output's digest is printed (DIGEST lines), for the comparison of the two symmetric heaps.
+#include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <string>
 
@@ -28,6 +31,14 @@ IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& pa
 
 namespace {
 
+// FNV-1a over the output's bytes: what runs on different symmetric heaps compare.
+uint64_t digest(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ull;
+  const auto* b = reinterpret_cast<const unsigned char*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
 // One layer on every rank: the output against the reference (whole and worst row), then a second run
 // from poisoned buffers (every data buffer of the layer and the output NaN) bitwise equal to the first.
 std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
@@ -44,6 +55,11 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
   moe.forward({mine->batch()});
   moe.sync_and_check();
   const auto got = mine->output();
+  // One line per case and rank: scripts/gpu-test compares the lines of the CUDA IPC run with those of
+  // the NVSHMEM-heap run (the results must be equal bit for bit: same plan, same kernels, same order).
+  std::printf("DIGEST H%d k%d ep%d tp%d seed %llu world %d rank %d: %016llx\n", shape.hidden, shape.topk, par.ep,
+              par.tp, (unsigned long long)seed, team.world(), rank, (unsigned long long)digest(got));
+  std::fflush(stdout);
   const auto ref = reference::forward(shape, par, p.weights, p.inputs);
   const double err = relative_error(got, ref[rank]);
   if (!(err < 1.5e-2)) return what + "relative error " + std::to_string(err) + " against the reference";

@@ -54,11 +54,6 @@ def paired_overhead_us(times: dict, entry: str = "module", base: str = "ext") ->
     return statistics.median(a - b for a, b in zip(times[entry], times[base]))
 
 
-def host_us(fns: dict, rounds: int = 150, calls: int = 4) -> dict:
-    """Median host time per call of each entry of fns (host_times)."""
-    return {name: statistics.median(t) for name, t in host_times(fns, rounds, calls).items()}
-
-
 def gpu_ms(fn, calls: int = 20) -> float:
     fn()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

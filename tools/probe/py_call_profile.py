@@ -1,7 +1,7 @@
 """Where the host time of one comet.MoELayer forward goes, by function (cProfile), against the extension's
 own call on the same inputs: the breakdown behind `python -m comet.bench`'s Python-overhead figure.
 
-Each call starts on an idle GPU (synchronised before it, outside the profile), as bench.host_us(calls=1)
+Each call starts on an idle GPU (synchronised before it, outside the profile), as bench.host_times(calls=1)
 times it; the profile then holds only host work.
 
     python3 tools/probe/py_call_profile.py [--tokens 128,4096] [--calls 300] [--model mixtral|small]
@@ -17,7 +17,7 @@ import time
 import torch
 
 import comet
-from comet.bench import MODELS
+from comet.bench import MODELS, host_times
 
 
 def profile(fn, calls: int) -> tuple[float, str]:
@@ -66,16 +66,11 @@ def main() -> None:
                 us, table = profile(fn, a.calls)
                 print(f"==== {a.model} tokens {tokens} {name}: {us:.1f} us of host time per call (profiled)")
                 print(table)
-            for name, fn in fns.items():  # unprofiled, one entry after the other
-                times = []
-                for _ in range(a.calls):
-                    torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    fn()
-                    times.append(time.perf_counter() - t0)
+            # Unprofiled: the benchmark's own interleaved timing (comet.bench.host_times).
+            for name, times in host_times(fns, rounds=a.calls, calls=1).items():
                 times.sort()
-                print(f"tokens {tokens} {name}: median {times[len(times) // 2] * 1e6:.1f} us, "
-                      f"p10 {times[len(times) // 10] * 1e6:.1f} us (unprofiled)")
+                print(f"tokens {tokens} {name}: median {times[len(times) // 2]:.1f} us, "
+                      f"p10 {times[len(times) // 10]:.1f} us (unprofiled)")
         layer.close()
 
 

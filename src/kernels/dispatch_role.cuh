@@ -2,20 +2,25 @@
 // and publish each M-tile's readiness.
 //
 // Comm block b of n_comm takes units begin + b, begin + b + n_comm, ... so that all comm blocks
-// advance through the pull order together (tiles become ready in tile_order). Three warps, joined by
-// shared-memory rings whose slots are handed over with mbarriers (arrive = release, wait = acquire;
-// every thread that touches a slot waits and arrives itself, so each access is ordered by a barrier):
-//   prefetcher (warp 2)  loads the units' metadata (source row address, destination rows), 32 units
-//       a slot, so the issuer never waits on a global load.
-//   issuer (warp 0, one thread)  moves rows with Hopper bulk copies: the row crosses the link ONCE
-//       (peer -> shared memory, `lookahead` rows in flight), then one shared -> global copy per
-//       destination row (a token routed to several of this rank's experts has several rows). Units
-//       whose stores have completed go to the publisher, 8 a slot.
-//   publisher (warp 1)  counts completed units' rows into their tiles (tile_arrived, relaxed atomics,
-//       lanes in parallel); the row that completes a tile resets its counter and releases
-//       tile_ready[m] = epoch (generation counter, never cleared).
-// Keeping loads, atomics and fences off the issuing thread keeps the link busy: it is latency-bound
-// (docs/design-changes.md, Communication, has the per-block rates).
+// advance through the pull order together (tiles become ready in tile_order). A block's units are
+// dealt round-robin to up to kIssuers pipelines (unit i of the block goes to pipeline i % issuers).
+// Warps, joined by shared-memory rings whose slots are handed over with mbarriers (arrive = release,
+// wait = acquire; every thread that touches a slot waits and arrives itself):
+//   prefetchers (2 warps, alternate slots)  load the units' metadata (source row address, destination
+//       rows), 32 units a slot, so that no issuer waits on a global load.
+//   issuer q (lane 0 of warp q)  moves its rows with Hopper bulk copies: the row crosses the link ONCE
+//       (peer -> shared memory, stages - 1 loads in flight), then one shared -> global copy per
+//       destination row (a token routed to several of this rank's experts has several rows). A stage
+//       is reused as soon as its stores have read it (wait_group.read). The issuer writes each unit's
+//       destination rows into its own publish ring as it issues them (a slot closes at 8 units or 24
+//       rows) and hands a slot over once the stores of its last unit have completed (store_lag groups
+//       later: wait_group).
+//   publisher q (warp kIssuers + q)  counts a slot's rows into their tiles (one relaxed atomic per
+//       distinct tile of the slot, lanes in parallel); the row that completes a tile resets its counter
+//       and releases tile_ready[m] = epoch (generation counter, never cleared).
+// Why several issuers: one issuing thread is bound by its own instruction latency (~200 dependent
+// instructions a unit, ~0.6 us: ncu on the H200), not by the link, whatever the row size; four of them
+// run on the SM's four schedulers (docs/design-changes.md, Communication, has the per-block rates).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -28,21 +33,31 @@ namespace comet::kernels {
 
 namespace dispatch {
 
-constexpr int kMaxStages = 32;       // row stages (bulk loads in flight + stores not yet complete)
-constexpr int kMetaSlots = 4;        // metadata ring: 4 slots x 32 units
+constexpr int kIssuers = 4;          // bulk-copy pipelines per comm block (at most; fewer for long rows)
+constexpr int kPrefetchers = 2;      // metadata warps, alternate slots
+constexpr int kMaxStages = 64;       // row stages of all pipelines (loads in flight + stores reading)
+constexpr int kMetaSlots = 4;        // metadata ring: 4 slots x 32 units, shared by the issuers
 constexpr int kMetaSlotUnits = 32;
 constexpr int kMetaWords = 2 + kMaxTopK;  // source row address (2 words), destination rows
-constexpr int kPubSlots = 64;        // publish ring: 64 slots x 8 units
-constexpr int kPubSlotUnits = 8;
+constexpr int kPubSlots = 12;        // publish ring of each issuer: 12 slots
+constexpr int kPubSlotRows = 24;     // of up to 24 destination rows
+constexpr int kPubSlotUnits = 8;     // or 8 units, whichever comes first (tiles wait for their slot)
+constexpr int kPubSlotWords = 2 + kPubSlotRows;  // row count, last unit of the slot, rows
+constexpr int kMaxStoreLag = 8;
+// An issuer waits for a slot to come back before it fills it again, while it still holds the slots
+// issued since: every slot holds >= 1 unit, so the slot kPubSlots back was handed over by then.
+static_assert(kPubSlots - 1 > kMaxStoreLag);
+static_assert(kMaxTopK <= kPubSlotRows);  // a unit's rows always fit in an empty slot
+static_assert(kMetaSlotUnits % kIssuers == 0);
+constexpr int kWarpsUsed = 2 * kIssuers + kPrefetchers;
 
 // Shared memory layout (bytes).
 constexpr int kLoadBars = 0;                          // kMaxStages mbarriers
 constexpr int kMetaBars = kLoadBars + 8 * kMaxStages;  // full[kMetaSlots], empty[kMetaSlots]
-constexpr int kPubBars = kMetaBars + 16 * kMetaSlots;  // full[kPubSlots], empty[kPubSlots]
-constexpr int kPubData = kPubBars + 16 * kPubSlots;    // per slot: count, unit ids
-constexpr int kMetaData = 4096;
+constexpr int kPubBars = kMetaBars + 16 * kMetaSlots;  // per issuer: full[kPubSlots], empty[kPubSlots]
+constexpr int kPubData = kPubBars + 16 * kPubSlots * kIssuers;  // per issuer: kPubSlots x kPubSlotWords
+constexpr int kMetaData = (kPubData + kIssuers * kPubSlots * kPubSlotWords * 4 + 127) / 128 * 128;
 constexpr int kRowsOffset = 16384;
-static_assert(kPubData + kPubSlots * (1 + kPubSlotUnits) * 4 <= kMetaData);
 static_assert(kMetaData + kMetaSlots * kMetaSlotUnits * kMetaWords * 4 <= kRowsOffset);
 
 struct Smem {
@@ -52,15 +67,30 @@ struct Smem {
   __device__ uint64_t* meta_empty(int s) const {
     return reinterpret_cast<uint64_t*>(base + kMetaBars) + kMetaSlots + s;
   }
-  __device__ uint64_t* pub_full(int s) const { return reinterpret_cast<uint64_t*>(base + kPubBars) + s; }
-  __device__ uint64_t* pub_empty(int s) const { return reinterpret_cast<uint64_t*>(base + kPubBars) + kPubSlots + s; }
-  __device__ int32_t* pub_slot(int s) const { return reinterpret_cast<int32_t*>(base + kPubData) + s * (1 + kPubSlotUnits); }
+  __device__ uint64_t* pub_full(int q, int s) const {
+    return reinterpret_cast<uint64_t*>(base + kPubBars) + (2 * q) * kPubSlots + s;
+  }
+  __device__ uint64_t* pub_empty(int q, int s) const {
+    return reinterpret_cast<uint64_t*>(base + kPubBars) + (2 * q + 1) * kPubSlots + s;
+  }
+  __device__ int32_t* pub_slot(int q, int s) const {
+    return reinterpret_cast<int32_t*>(base + kPubData) + (q * kPubSlots + s) * kPubSlotWords;
+  }
   // Metadata of unit i (its slot is i / kMetaSlotUnits).
   __device__ int32_t* meta(int i) const {
     return reinterpret_cast<int32_t*>(base + kMetaData) + (i % (kMetaSlots * kMetaSlotUnits)) * kMetaWords;
   }
   __device__ char* rows() const { return base + kRowsOffset; }
 };
+
+// Row stages in `smem_bytes` of shared memory, and how many pipelines share them (each needs >= 2).
+__host__ __device__ constexpr int row_stages(int smem_bytes, int hidden) {
+  const int s = (smem_bytes - kRowsOffset) / (hidden * 2);
+  return s < kMaxStages ? s : kMaxStages;
+}
+// 1, 2 or 4 pipelines (a divisor of kMetaSlotUnits: each takes the same share of every metadata slot).
+__host__ __device__ constexpr int issuers_for(int stages) { return stages >= 8 ? 4 : stages >= 4 ? 2 : 1; }
+static_assert(kIssuers == 4);
 
 // Bounded wait for an mbarrier phase; the index names the stalled unit or slot in the report.
 __device__ inline bool wait_phase(uint64_t* bar, uint32_t phase, const TeamDeviceView& team, int index) {
@@ -79,83 +109,116 @@ __device__ __forceinline__ void wait_stores(int lag) {
   }
 }
 
+// The work of one pipeline: units q, q + issuers, ... of the block's `count` (t-th: q + t * issuers).
+struct Pipeline {
+  int q;
+  int issuers;
+  int count;  // units of this pipeline
+  __device__ static Pipeline of(int q, int issuers, int block_units) {
+    return Pipeline{q, issuers, block_units > q ? (block_units - q + issuers - 1) / issuers : 0};
+  }
+};
+
 }  // namespace dispatch
 
-// The issuing thread. Returns false if a wait stalled (reported in the status word).
-__device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride, int count, int smem_bytes,
-                                   const dispatch::Smem& sm, const TeamDeviceView& team) {
+// Issuer q (one thread). Returns false if a wait stalled (reported in the status word).
+__device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride, const dispatch::Pipeline pipe,
+                                   int stages, const dispatch::Smem& sm, const TeamDeviceView& team) {
   using namespace dispatch;
+  const int q = pipe.q, step = pipe.issuers, count = pipe.count;
   const uint32_t row_bytes = uint32_t(d.hidden) * sizeof(__nv_bfloat16);
-  const int stages = min(kMaxStages, int((smem_bytes - kRowsOffset) / row_bytes));
-  const int lag = d.store_lag;  // 1, 2, 4 or 8 (the launcher checks stages > lag)
-  const int lookahead = stages - lag;
-  auto unit_at = [&](int i) { return first + i * stride; };
+  const int lag = d.store_lag;  // 1, 2, 4 or 8
+  uint64_t* const bars = sm.load_bar(q * stages);
+  char* const stage_rows = sm.rows() + size_t(q) * stages * row_bytes;
 
-  int meta_slots_held = 0;  // metadata slots [0, meta_slots_held) have been waited for
+  int meta_held = 0;  // metadata slots [0, meta_held) have been waited for
   auto meta_ready = [&](int i) {
-    for (; meta_slots_held <= i / kMetaSlotUnits; ++meta_slots_held) {
-      const int slot = meta_slots_held;
-      if (!wait_phase(sm.meta_full(slot % kMetaSlots), (slot / kMetaSlots) & 1, team, -1 - slot)) return false;
-    }
+    for (; meta_held <= i / kMetaSlotUnits; ++meta_held)
+      if (!wait_phase(sm.meta_full(meta_held % kMetaSlots), (meta_held / kMetaSlots) & 1, team, -1 - meta_held))
+        return false;
     return true;
   };
-  auto pull = [&](int i) {
-    const int s = i % stages;
-    const int32_t* meta = sm.meta(i);
+  // Loads are issued in order into stages 0, 1, ..., stages - 1, 0, ...
+  int load_t = 0, load_s = 0, load_i = q;
+  auto pull = [&] {
+    if (!meta_ready(load_i)) return false;
+    const int32_t* meta = sm.meta(load_i);
     const auto* src = reinterpret_cast<const __nv_bfloat16*>(uint64_t(uint32_t(meta[0])) |
                                                              (uint64_t(uint32_t(meta[1])) << 32));
-    dev::mbarrier_arrive_expect_tx(sm.load_bar(s), row_bytes);
-    dev::bulk_load(sm.rows() + size_t(s) * row_bytes, src, row_bytes, sm.load_bar(s));
-  };
-  // Unit i's stores are complete: into the publish ring (a slot goes over when full or at the end).
-  auto hand_over = [&](int i) {
-    const int slot = i / kPubSlotUnits, s = slot % kPubSlots;
-    if (i % kPubSlotUnits == 0 && slot >= kPubSlots) {
-      if (!wait_phase(sm.pub_empty(s), ((slot / kPubSlots) - 1) & 1, team, -1000 - slot)) return false;
-    }
-    int32_t* data = sm.pub_slot(s);
-    data[1 + i % kPubSlotUnits] = unit_at(i);
-    if (i % kPubSlotUnits == kPubSlotUnits - 1 || i == count - 1) {
-      data[0] = i % kPubSlotUnits + 1;
-      dev::fence_proxy_async_global();  // rows written by the bulk-copy proxy, counted by the generic one
-      dev::mbarrier_arrive(sm.pub_full(s));
-    }
+    dev::mbarrier_arrive_expect_tx(bars + load_s, row_bytes);
+    dev::bulk_load(stage_rows + size_t(load_s) * row_bytes, src, row_bytes, bars + load_s);
+    ++load_t;
+    load_i += step;
+    if (++load_s == stages) load_s = 0;
     return true;
   };
 
-  for (int i = 0; i < min(lookahead, count); ++i) {
-    if (!meta_ready(i)) return false;
-    pull(i);
-  }
-  for (int i = 0; i < count; ++i) {
-    const int s = i % stages;
-    if (!wait_phase(sm.load_bar(s), (i / stages) & 1, team, unit_at(i))) return false;
+  // The publish ring, filled at issue time: slot `fill` takes the destination rows of the units being
+  // issued; slots [handed, fill) are closed and wait for their last unit's stores.
+  int fill = 0, fill_rows = 0, fill_units = 0, handed = 0;
+  auto open_fill = [&] {  // the slot's previous round must have been counted by the publisher
+    return fill < kPubSlots ||
+           wait_phase(sm.pub_empty(q, fill % kPubSlots), ((fill / kPubSlots) - 1) & 1, team, -1000 - fill);
+  };
+  auto close_fill = [&](int last_t) {
+    int32_t* data = sm.pub_slot(q, fill % kPubSlots);
+    data[0] = fill_rows;
+    data[1] = last_t;
+    ++fill;
+    fill_rows = fill_units = 0;
+  };
+  // Units t <= done are fully written: hand over the closed slots they complete.
+  auto hand_over = [&](int done) {
+    for (; handed < fill && sm.pub_slot(q, handed % kPubSlots)[1] <= done; ++handed) {
+      dev::fence_proxy_async_global();  // rows written by the bulk-copy proxy, counted by the generic one
+      dev::mbarrier_arrive(sm.pub_full(q, handed % kPubSlots));
+    }
+  };
+
+  while (load_t < min(stages - 1, count))
+    if (!pull()) return false;
+  int s = 0;
+  uint32_t phase = 0;
+  for (int t = 0, i = q; t < count; ++t, i += step) {
+    if (!wait_phase(bars + s, phase, team, first + i * stride)) return false;
     const int32_t* meta = sm.meta(i);
+    if (fill_units == kPubSlotUnits || fill_rows + d.topk > kPubSlotRows) close_fill(t - 1);
+    if (fill_units == 0 && !open_fill()) return false;
+    int32_t* slot_rows = sm.pub_slot(q, fill % kPubSlots) + 2;
     for (int j = 0; j < d.topk; ++j) {
       const int row = meta[2 + j];
-      if (row >= 0) dev::bulk_store(d.a + size_t(row) * d.hidden, sm.rows() + size_t(s) * row_bytes, row_bytes);
+      if (row < 0) continue;
+      dev::bulk_store(d.a + size_t(row) * d.hidden, stage_rows + size_t(s) * row_bytes, row_bytes);
+      slot_rows[fill_rows++] = row;
     }
+    ++fill_units;
     dev::bulk_commit_group();
-    wait_stores(lag);  // units <= i - lag are fully written
-    if (i >= lag && !hand_over(i - lag)) return false;
-    if (i + lookahead < count) {  // reuses the stage of unit i - lag
-      if (!meta_ready(i + lookahead)) return false;
-      pull(i + lookahead);
+    // This pipeline's last unit of the metadata slot: the slot may be refilled once every issuer is past it.
+    if (i % kMetaSlotUnits >= kMetaSlotUnits - step) dev::mbarrier_arrive(sm.meta_empty((i / kMetaSlotUnits) % kMetaSlots));
+    dev::bulk_wait_group_read<1>();  // unit t - 1's stores have read its stage: the next load may reuse it
+    if (load_t < count && !pull()) return false;
+    wait_stores(lag);  // units <= t - lag are fully written
+    hand_over(t - lag);
+    if (++s == stages) {
+      s = 0;
+      phase ^= 1;
     }
-    if (i % kMetaSlotUnits == kMetaSlotUnits - 1) dev::mbarrier_arrive(sm.meta_empty((i / kMetaSlotUnits) % kMetaSlots));
   }
   dev::bulk_wait_group<0>();
-  for (int i = max(0, count - lag); i < count; ++i)
-    if (!hand_over(i)) return false;
+  if (count > 0) {  // the last slot ends at the last unit: that is how the publisher knows it is the last
+    if (fill_units == 0 && !open_fill()) return false;
+    close_fill(count - 1);
+    hand_over(count - 1);
+  }
   return true;
 }
 
-// The prefetcher warp: metadata of units [0, count), a slot of 32 units at a time, ahead of the issuer.
-__device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int stride, int count,
+// A prefetcher warp: metadata of the slots p, p + kPrefetchers, ... (32 units each), ahead of the issuers.
+__device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int stride, int count, int p,
                                          const dispatch::Smem& sm, const TeamDeviceView& team) {
   using namespace dispatch;
   const int lane = threadIdx.x % 32;
-  for (int slot = 0; slot * kMetaSlotUnits < count; ++slot) {
+  for (int slot = p; slot * kMetaSlotUnits < count; slot += kPrefetchers) {
     const int s = slot % kMetaSlots;
     // Every lane waits and arrives itself: each lane's own accesses are ordered by the barrier.
     bool ok = slot < kMetaSlots || wait_phase(sm.meta_empty(s), ((slot / kMetaSlots) - 1) & 1, team, -100 - slot);
@@ -174,36 +237,42 @@ __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int s
   }
 }
 
-// The publisher warp: counts rows of completed units into their tiles, releases complete tiles.
-__device__ inline void publish_rows(const DispatchArgs& d, int count, Epoch epoch, const dispatch::Smem& sm,
-                                    const TeamDeviceView& team) {
+// Publisher q: counts the rows of each slot issuer q hands over into their tiles, releases complete tiles.
+__device__ inline void publish_rows(const DispatchArgs& d, const dispatch::Pipeline pipe, Epoch epoch,
+                                    const dispatch::Smem& sm, const TeamDeviceView& team) {
   using namespace dispatch;
   const int lane = threadIdx.x % 32;
-  const int k = d.topk;
-  for (int slot = 0; slot * kPubSlotUnits < count; ++slot) {
+  for (int slot = 0; pipe.count > 0; ++slot) {
     const int s = slot % kPubSlots;
-    const bool ok = wait_phase(sm.pub_full(s), (slot / kPubSlots) & 1, team, -2000 - slot);  // every lane
+    const bool ok = wait_phase(sm.pub_full(pipe.q, s), (slot / kPubSlots) & 1, team, -2000 - slot);  // every lane
     if (!__all_sync(0xffffffffu, ok)) return;  // the issuer stalled or the rank aborted
-    const int32_t* data = sm.pub_slot(s);
+    const int32_t* data = sm.pub_slot(pipe.q, s);
     const int n = data[0];
-    __threadfence();  // the rows (visible to the generic proxy since the issuer's fence) before our counts
-    for (int idx = lane; idx < n * k; idx += 32) {
-      const int u = data[1 + idx / k];
-      const int row = d.plan.unit_rows[size_t(u) * k + idx % k];
-      if (row < 0) continue;
-      const int m = row / d.tile_m;
-      const int landed = atomicAdd(&d.tile_arrived[m], 1) + 1;
-      if (landed == d.plan.tile_remote_rows[m]) {
-        d.tile_arrived[m] = 0;  // nobody else touches it before the next call
-        __threadfence();        // every count (and so every row) before the release
-        dev::st_release_gpu(&d.tile_ready[m], epoch);
+    const bool last = data[1] == pipe.count - 1;
+    // The rows (visible to the generic proxy since the issuer's fence, observed through the mbarrier)
+    // before our counts: with the relaxed atomics below, a release at GPU scope.
+    dev::fence_acq_rel_gpu();
+    for (int base = 0; base < n; base += 32) {
+      const int idx = base + lane;
+      const int m = idx < n ? data[2 + idx] / d.tile_m : -1 - lane;  // distinct keys for idle lanes
+      const unsigned same = __match_any_sync(0xffffffffu, m);
+      if (idx < n && lane == __ffs(same) - 1) {  // one atomic per distinct tile of these 32 rows
+        const int add = __popc(same);
+        const int need = d.plan.tile_remote_rows[m];
+        const int landed = atomicAdd(&d.tile_arrived[m], add) + add;
+        if (landed == need) {
+          d.tile_arrived[m] = 0;    // nobody else touches it before the next call
+          dev::fence_acq_rel_gpu();  // acquires every block's counts (and so their rows) before the release
+          dev::st_release_gpu(&d.tile_ready[m], epoch);
+        }
       }
     }
-    dev::mbarrier_arrive(sm.pub_empty(s));  // 32 arrivals complete the phase
+    dev::mbarrier_arrive(sm.pub_empty(pipe.q, s));  // 32 arrivals complete the phase
+    if (last) return;
   }
 }
 
-// Called by every thread of a comm block.
+// Called by every thread of a comm block (at least kWarpsUsed warps).
 __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, int n_comm, Epoch epoch,
                                          char* smem, int smem_bytes, const TeamDeviceView& team) {
   using namespace dispatch;
@@ -215,25 +284,31 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
   const int first = begin + comm_index;
   const int count = max(0, (end - first + n_comm - 1) / n_comm);
+  const int all_stages = row_stages(smem_bytes, d.hidden);
+  const int issuers = issuers_for(all_stages);  // >= 1: the launcher checks all_stages >= 2
+  const int stages = all_stages / issuers;
   if (threadIdx.x == 0) {
-    for (int s = 0; s < kMaxStages; ++s) dev::mbarrier_init(sm.load_bar(s), 1);
+    for (int s = 0; s < issuers * stages; ++s) dev::mbarrier_init(sm.load_bar(s), 1);
     for (int s = 0; s < kMetaSlots; ++s) {
-      dev::mbarrier_init(sm.meta_full(s), 32);  // the prefetcher's lanes
-      dev::mbarrier_init(sm.meta_empty(s), 1);  // the issuer
+      dev::mbarrier_init(sm.meta_full(s), 32);       // a prefetcher's lanes
+      dev::mbarrier_init(sm.meta_empty(s), issuers);  // each issuer, past its last unit of the slot
     }
-    for (int s = 0; s < kPubSlots; ++s) {
-      dev::mbarrier_init(sm.pub_full(s), 1);    // the issuer
-      dev::mbarrier_init(sm.pub_empty(s), 32);  // the publisher's lanes
+    for (int q = 0; q < issuers; ++q) {
+      for (int s = 0; s < kPubSlots; ++s) {
+        dev::mbarrier_init(sm.pub_full(q, s), 1);    // the issuer
+        dev::mbarrier_init(sm.pub_empty(q, s), 32);  // the publisher's lanes
+      }
     }
     dev::fence_mbarrier_init();
   }
   __syncthreads();
-  if (warp == 0) {
-    if (threadIdx.x == 0) issue_pulls(d, first, n_comm, count, smem_bytes, sm, team);
-  } else if (warp == 1) {
-    publish_rows(d, count, epoch, sm, team);
-  } else if (warp == 2) {
-    prefetch_metadata(d, first, n_comm, count, sm, team);
+  if (warp < kIssuers) {
+    if (warp < issuers && threadIdx.x % 32 == 0)
+      issue_pulls(d, first, n_comm, Pipeline::of(warp, issuers, count), stages, sm, team);
+  } else if (warp < 2 * kIssuers) {
+    if (warp - kIssuers < issuers) publish_rows(d, Pipeline::of(warp - kIssuers, issuers, count), epoch, sm, team);
+  } else if (warp < kWarpsUsed) {
+    prefetch_metadata(d, first, n_comm, count, warp - 2 * kIssuers, sm, team);
   }
 }
 

@@ -43,11 +43,14 @@ LaunchLimits layer1_limits_for() {
 // request no kernel can serve is an InvalidArgument, not a fault).
 template <class Cfg>
 std::string layer0_can_implement(const DispatchArgs& d, int n, int experts, const KernelSplit& split) {
-  // The comm blocks stage rows in the GEMM's shared memory: enough stages for the store lag + 1 load.
-  const int stages = (Cfg::kSharedBytes - dispatch::kRowsOffset) / (d.hidden * 2);
-  if (split.n_comm > 0 && stages <= d.store_lag)
+  // The comm blocks stage rows in the GEMM's shared memory: a pipeline needs two stages (one row
+  // loading while the other is stored).
+  const int stages = dispatch::row_stages(Cfg::kSharedBytes, d.hidden);
+  if (split.n_comm > 0 && stages < 2)
     return detail::concat("fused layer 0: rows of ", d.hidden, " values leave ", stages,
-                          " bulk-copy stages, store lag ", d.store_lag, " needs more");
+                          " bulk-copy stages in shared memory, the comm blocks need 2");
+  if (d.store_lag != 1 && d.store_lag != 2 && d.store_lag != 4 && d.store_lag != dispatch::kMaxStoreLag)
+    return detail::concat("fused layer 0: store lag ", d.store_lag, " is not 1, 2, 4 or 8");
   if (d.hidden % 8 != 0 || n <= 0 || n % 8 != 0 || experts <= 0)
     return detail::concat("fused layer 0: H (", d.hidden, ") and N (", n, ") must be multiples of 8, experts > 0");
   return {};

@@ -77,6 +77,7 @@ struct Layer0Hooks {
 
 template <class Cfg, class Epi>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg, Epi> p) {
+  static_assert(Cfg::kThreads / 32 >= dispatch::kWarpsUsed, "a comm block needs the dispatch role's warps");
   extern __shared__ __align__(1024) char smem[];
   const Epoch epoch = *p.split.epoch;
   const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);

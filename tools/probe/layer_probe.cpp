@@ -1,6 +1,7 @@
 // A quick look at one rank's fused kernels on a real model shape (developer tool; the benchmark
 // proper is bench/). W = 8 virtual ranks; rank 0's layer 0 and layer 1 are timed in their three
 // modes. Usage: comet_layer_probe [model] [tokens] [ep] [tp] [link] [n_comm...]
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -123,6 +124,22 @@ int main(int argc, char** argv) {
     std::printf("prepare (plan build, local rows) %.3f ms  finish (final reduce) %.3f ms\n",
                 median_ms(s, 10, nothing, prepare), median_ms(s, 10, nothing, finish));
   }
+  if (std::getenv("COMET_PROBE_PROFILE")) {
+    // One comm-only launch of each layer at the first n_comm, between cudaProfilerStart and Stop
+    // (for `ncu --profile-from-start off`).
+    LayerRequest v = base;
+    v.n_comm = sweep[0];
+    moe.prepare(0);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    COMET_CUDA_CHECK(cudaProfilerStart());
+    moe.layer0(0, LayerMode::comm_only, v);
+    moe.advance_epoch(0);
+    moe.layer1(0, LayerMode::comm_only, v);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    COMET_CUDA_CHECK(cudaProfilerStop());
+    moe.sync_and_check();
+    return 0;
+  }
   for (int layer = 0; layer < 2; ++layer) {
     auto run = [&](LayerMode m, int n_comm) {
       LayerRequest v = base;
@@ -139,8 +156,12 @@ int main(int argc, char** argv) {
       std::function<void()> f = [&] { run(LayerMode::fused, n); };
       const double t_comm = median_ms(s, 10, setup, c);
       const double t_fused = median_ms(s, 10, setup, f);
-      std::printf("layer %d  n_comm %2d  comm_only %.3f ms  fused %.3f ms  seq %.3f  eff %.3f\n", layer, n, t_comm,
-                  t_fused, t_comm + t_gemm, t_fused / std::max(t_comm, t_gemm));
+      // Bytes a comm block moves: layer 0 pulls the remote units' rows; layer 1 reads every expert row
+      // of this rank (its output slices) once.
+      const double bytes = layer == 0 ? double(remote_units) * H * 2 : double(real_rows) * H * 2;
+      std::printf("layer %d  n_comm %2d  comm_only %.3f ms (%.1f GB/s per block)  fused %.3f ms  seq %.3f  eff %.3f\n",
+                  layer, n, t_comm, n > 0 ? bytes / (t_comm * 1e6) / n : 0.0, t_fused, t_comm + t_gemm,
+                  t_fused / std::max(t_comm, t_gemm));
     }
   }
   moe.sync_and_check();

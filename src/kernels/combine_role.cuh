@@ -10,6 +10,9 @@
 // docs/design-changes.md, Communication), so the slices travel with cp.async into a per-warp double buffer: batch t+1's
 // loads are in flight while batch t is summed, and no registers are held by loads in flight. Every
 // lane only ever touches its own 16 bytes of each slice, so the buffer needs no cross-lane ordering.
+// Per item the warp does a few shuffles and one 16-byte store a lane; nothing in an item's path waits
+// on memory (the metadata and each item's destination come with the batch's loads), and only slots
+// that have a row on this rank are copied (ncu on the H200 showed the combine instruction-bound).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -35,7 +38,6 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   const int k = c.topk;
   const int slices = min(kCombineSlices, smem_bytes / (int(blockDim.x / 32) * 2 * kCombineSliceBytes));
   const int batch = max(1, min(8, slices / k));  // items per batch: batch * k <= slices
-  const int sub_blocks = kChunk / c.tile_n;
   const int n_chunks = (c.hidden + kChunk - 1) / kChunk;
   const int lane = threadIdx.x % 32;
   const int warps_per_block = blockDim.x / 32;
@@ -48,45 +50,77 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   const long long n_batches = (items + batch - 1) / batch;
   char* buffers = smem + (threadIdx.x / 32) * 2 * slices * kCombineSliceBytes;
 
-  // What a batch needs after its loads: per (item b, slot j) pair p = b * k + j, lane p holds row and
-  // gate; lane b holds the item's owner, token and column chunk.
+  // Every lane holds one rank's receive buffer (ranks < 32), so that an item's destination is a
+  // shuffle, not a dependent global load: loading it per item put one memory latency into every
+  // item's store (ncu on the H200: the combine was bound by it).
+  const auto* peer_recv = reinterpret_cast<const uint64_t*>(c.peer_recv);
+  const uint64_t lane_peer = lane < c.world ? peer_recv[lane] : 0;
+
+  // What a batch needs after its loads: per (item b, slot j) pair p = b * k + j, lane p holds the
+  // slice's row, gate and first column; lane b holds item b's destination (column 0 of its chunk).
+  // `valid` has bit p set where slot p has a row here: only those slices are copied and summed, packed
+  // in slot order (with top-8 over many experts most slots have no row on this rank).
   struct Batch {
-    long long first = 0;
     int count = 0;
-    int row = -1, owner = 0, token = 0, chunk = 0;
+    unsigned valid = 0;
+    int row = -1, col = 0;
     float gate = 0.f;
+    __nv_bfloat16* dst = nullptr;
+  };
+  const bool narrow = items < (1ll << 31);  // 32-bit item arithmetic (the usual case)
+  auto locate = [&](long long item, int& chunk, int& u) {
+    if (narrow) {
+      chunk = int(unsigned(item) / unsigned(units));
+      u = unit0 + int(unsigned(item) - unsigned(chunk) * unsigned(units));
+    } else {
+      chunk = int(item / units);
+      u = unit0 + int(item - (long long)chunk * units);
+    }
   };
   // Loads the batch's metadata, waits for its tiles, and starts its slice copies into buffer `buf`.
   auto issue = [&](long long t, int buf) {
     Batch b;
-    b.first = t * batch;
-    b.count = int(items - b.first < batch ? items - b.first : batch);
-    auto unit_of = [&](int i) { return unit0 + int((b.first + i) % units); };
+    const long long first = t * batch;
+    b.count = int(items - first < batch ? items - first : batch);
+    if (lane < b.count * k) {  // one division per lane and batch, none per slice
+      const int i = lane / k, j = lane - i * k;
+      int chunk, u;
+      locate(first + i, chunk, u);
+      b.row = c.plan.unit_rows[size_t(u) * k + j];
+      b.gate = c.unit_weights ? 1.f : c.plan.unit_gates[size_t(u) * k + j];
+      b.col = chunk * kChunk;
+    }
+    int owner = 0;
+    size_t offset = 0;
     if (lane < b.count) {
-      b.owner = c.plan.unit_src[unit_of(lane)];
-      b.token = c.plan.unit_token[unit_of(lane)];
-      b.chunk = int((b.first + lane) / units);
+      int chunk, u;
+      locate(first + lane, chunk, u);
+      owner = c.plan.unit_src[u];
+      const int token = c.plan.unit_token[u];
+      offset = (owner == c.rank ? size_t(token) : size_t(c.rank) * c.max_tokens + token) * c.hidden + chunk * kChunk;
     }
-    if (lane < b.count * k) {
-      const int u = unit_of(lane / k);
-      b.row = c.plan.unit_rows[size_t(u) * k + lane % k];
-      b.gate = c.unit_weights ? 1.f : c.plan.unit_gates[size_t(u) * k + lane % k];
+    const uint64_t via_lane = __shfl_sync(0xffffffffu, lane_peer, owner & 31);
+    if (lane < b.count) {
+      auto* base = owner == c.rank ? c.self_partial
+                                   : reinterpret_cast<__nv_bfloat16*>(owner < 32 ? via_lane : peer_recv[owner]);
+      b.dst = base + offset;
     }
+    b.valid = __ballot_sync(0xffffffffu, b.row >= 0);
     if (wait_done) {  // lane p waits for the GEMM column blocks of its slice
-      const int chunk = int((b.first + lane / k) / units);
-      for (int q = 0; q < sub_blocks && b.row >= 0; ++q) {
-        const int n = chunk * sub_blocks + q;
-        if (n >= c.n_blocks) break;
+      // The GEMM column blocks that hold columns [col, col + kChunk) (two for a 192-wide tile).
+      const int n_last = b.row >= 0 ? min(c.n_blocks - 1, (b.col + kChunk - 1) / c.tile_n) : -1;
+      for (int n = b.col / c.tile_n; n <= n_last; ++n) {
         const int flag = (b.row / c.tile_m) * c.n_blocks + n;
         dev::wait_flag_gpu(&c.tile_done[flag], epoch, team, WaitSite::tile_done, flag);
       }
       __syncwarp();  // the lanes' acquires cover the whole warp's copies below
     }
     char* dst = buffers + buf * slices * kCombineSliceBytes + lane * 16;
-    for (int p = 0; p < b.count * k; ++p) {
+    for (unsigned m = b.valid; m != 0; m &= m - 1, dst += kCombineSliceBytes) {
+      const int p = __ffs(m) - 1;
       const int row = __shfl_sync(0xffffffffu, b.row, p);
-      const int col = __shfl_sync(0xffffffffu, b.chunk, p / k) * kChunk + lane * 8;
-      if (row >= 0 && col < c.hidden) dev::cp_async_16(dst + p * kCombineSliceBytes, c.y + size_t(row) * c.hidden + col);
+      const int col = __shfl_sync(0xffffffffu, b.col, p) + lane * 8;
+      if (col < c.hidden) dev::cp_async_16(dst, c.y + size_t(row) * c.hidden + col);
     }
     dev::cp_async_commit();
     return b;
@@ -94,22 +128,16 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   // Sums the batch's slices (fp32, slot order) and ships the partial rows.
   auto finish = [&](const Batch& b, int buf) {
     const char* src = buffers + buf * slices * kCombineSliceBytes + lane * 16;
+    const unsigned slot_mask = (1u << k) - 1;  // k <= 16
     for (int i = 0; i < b.count; ++i) {
-      const int col = __shfl_sync(0xffffffffu, b.chunk, i) * kChunk + lane * 8;
-      const int owner = __shfl_sync(0xffffffffu, b.owner, i);
-      const int token = __shfl_sync(0xffffffffu, b.token, i);
+      const int col = __shfl_sync(0xffffffffu, b.col, i * k) + lane * 8;
+      auto* dst = reinterpret_cast<__nv_bfloat16*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(b.dst), i));
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (int j = 0; j < k; ++j) {
-        const int row = __shfl_sync(0xffffffffu, b.row, i * k + j);
-        const float gate = __shfl_sync(0xffffffffu, b.gate, i * k + j);
-        if (row >= 0 && col < c.hidden)
-          accumulate_bf16x8(acc, *reinterpret_cast<const uint4*>(src + (i * k + j) * kCombineSliceBytes), gate);
+      for (unsigned m = (b.valid >> (i * k)) & slot_mask; m != 0; m &= m - 1, src += kCombineSliceBytes) {
+        const float gate = __shfl_sync(0xffffffffu, b.gate, i * k + __ffs(m) - 1);
+        if (col < c.hidden) accumulate_bf16x8(acc, *reinterpret_cast<const uint4*>(src), gate);
       }
-      if (col >= c.hidden) continue;
-      __nv_bfloat16* dst = owner == c.rank
-                               ? c.self_partial + size_t(token) * c.hidden
-                               : c.peer_recv[owner] + (size_t(c.rank) * c.max_tokens + token) * c.hidden;
-      *reinterpret_cast<uint4*>(dst + col) = pack_bf16x8(acc);
+      if (col < c.hidden) *reinterpret_cast<uint4*>(dst + lane * 8) = pack_bf16x8(acc);
     }
   };
 

@@ -58,6 +58,7 @@ struct CombineArgs {
   int unit_begin;            // units to ship: [unit_begin, unit_end); -1: all of the plan's units
   int unit_end;
   bool unit_weights = false;  // the backward of dispatch: rows summed with weight 1, not their gates
+  int world = 0;              // ranks, i.e. entries of peer_recv
 };
 
 }  // namespace comet::kernels

@@ -450,7 +450,8 @@ kernels::CombineArgs MoeEngine::combine_args(const RankState& s, int tile_n, Uni
                               s.sync.tile_done,
                               units.begin,
                               units.end,
-                              unit_weights};
+                              unit_weights,
+                              par_.world()};
 }
 
 kernels::CallFailure MoeEngine::call_failure(const RankState& s) const {

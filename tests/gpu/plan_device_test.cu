@@ -67,6 +67,9 @@ class RoutingBuffers {
   // Everything past the routing holds garbage (0xAB bytes: ids far out of range), which the builder
   // must never look at.
   void upload(const std::vector<RankRouting>& routing) {
+    // A build on the tests' non-blocking stream may still be reading the previous routing: neither a
+    // host memcpy into mapped memory nor a legacy-stream cudaMemcpy waits for it.
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
     for (size_t s = 0; s < dev_.size(); ++s) {
       const RankRouting& r = routing[s];
       std::vector<char> staging(layout_.bytes(), char(0xAB));

@@ -32,7 +32,7 @@ enum class WaitSite : int32_t {
   tile_ready = 3,   // layer 0, index: M-tile
   tile_done = 4,    // layer 1, index: tile (m * n_blocks + n)
   test = 5,
-  bulk_copy = 6,    // a comm block's bulk copy did not complete, index: unit
+  bulk_copy = 6,    // a comm block's bulk copy did not complete, index: unit (>= 0) or a ring wait (< 0)
   peer_failed = 7,  // not a wait: a peer's call failed (code 2), index: the peer (kernels/peer_failure.hpp)
 };
 const char* to_string(WaitSite site);

@@ -90,9 +90,16 @@ __host__ __device__ constexpr int row_stages(int smem_bytes, int hidden) {
 }
 // 1, 2 or 4 pipelines (a divisor of kMetaSlotUnits: each takes the same share of every metadata slot).
 __host__ __device__ constexpr int issuers_for(int stages) { return stages >= 8 ? 4 : stages >= 4 ? 2 : 1; }
-static_assert(kIssuers == 4);
+static_assert(issuers_for(kMaxStages) <= kIssuers);  // the role has warps for every pipeline
 
-// Bounded wait for an mbarrier phase; the index names the stalled unit or slot in the report.
+// What a stalled ring wait reports as its index (a unit's row wait reports the unit, >= 0): negative,
+// decodable as -1 - (slot * 16 + pipeline * 4 + ring).
+enum class Ring : int { meta_full = 0, meta_empty = 1, pub_empty = 2, pub_full = 3 };
+__device__ inline int ring_wait_index(Ring ring, int pipeline, int slot) {
+  return -1 - (slot * 16 + pipeline * 4 + int(ring));
+}
+
+// Bounded wait for an mbarrier phase; the index names the stalled unit or ring slot in the report.
 __device__ inline bool wait_phase(uint64_t* bar, uint32_t phase, const TeamDeviceView& team, int index) {
   return dev::wait_until_ge([&] { return dev::mbarrier_try_wait(bar, phase) ? 1 : 0; }, 1, team,
                             WaitSite::bulk_copy, index);
@@ -134,7 +141,8 @@ __device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride,
   int meta_held = 0;  // metadata slots [0, meta_held) have been waited for
   auto meta_ready = [&](int i) {
     for (; meta_held <= i / kMetaSlotUnits; ++meta_held)
-      if (!wait_phase(sm.meta_full(meta_held % kMetaSlots), (meta_held / kMetaSlots) & 1, team, -1 - meta_held))
+      if (!wait_phase(sm.meta_full(meta_held % kMetaSlots), (meta_held / kMetaSlots) & 1, team,
+                      ring_wait_index(Ring::meta_full, q, meta_held)))
         return false;
     return true;
   };
@@ -158,7 +166,8 @@ __device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride,
   int fill = 0, fill_rows = 0, fill_units = 0, handed = 0;
   auto open_fill = [&] {  // the slot's previous round must have been counted by the publisher
     return fill < kPubSlots ||
-           wait_phase(sm.pub_empty(q, fill % kPubSlots), ((fill / kPubSlots) - 1) & 1, team, -1000 - fill);
+           wait_phase(sm.pub_empty(q, fill % kPubSlots), ((fill / kPubSlots) - 1) & 1, team,
+                      ring_wait_index(Ring::pub_empty, q, fill));
   };
   auto close_fill = [&](int last_t) {
     int32_t* data = sm.pub_slot(q, fill % kPubSlots);
@@ -221,7 +230,8 @@ __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int s
   for (int slot = p; slot * kMetaSlotUnits < count; slot += kPrefetchers) {
     const int s = slot % kMetaSlots;
     // Every lane waits and arrives itself: each lane's own accesses are ordered by the barrier.
-    bool ok = slot < kMetaSlots || wait_phase(sm.meta_empty(s), ((slot / kMetaSlots) - 1) & 1, team, -100 - slot);
+    bool ok = slot < kMetaSlots || wait_phase(sm.meta_empty(s), ((slot / kMetaSlots) - 1) & 1, team,
+                                              ring_wait_index(Ring::meta_empty, p, slot));
     if (!__all_sync(0xffffffffu, ok)) return;
     const int i = slot * kMetaSlotUnits + lane;
     if (i < count) {
@@ -244,7 +254,8 @@ __device__ inline void publish_rows(const DispatchArgs& d, const dispatch::Pipel
   const int lane = threadIdx.x % 32;
   for (int slot = 0; pipe.count > 0; ++slot) {
     const int s = slot % kPubSlots;
-    const bool ok = wait_phase(sm.pub_full(pipe.q, s), (slot / kPubSlots) & 1, team, -2000 - slot);  // every lane
+    const bool ok = wait_phase(sm.pub_full(pipe.q, s), (slot / kPubSlots) & 1, team,
+                               ring_wait_index(Ring::pub_full, pipe.q, slot));  // every lane
     if (!__all_sync(0xffffffffu, ok)) return;  // the issuer stalled or the rank aborted
     const int32_t* data = sm.pub_slot(pipe.q, s);
     const int n = data[0];

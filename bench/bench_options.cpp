@@ -40,6 +40,10 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
   --warmup N               untimed runs before them (1 for huge cases)    (default: 2)
   --comm-all               time comm_only at every n_comm (default: at the best fused n_comm only)
+  --paired                 at the end of each case, time the tuned comet run and the sequential baseline
+                           of each layer (l0, l1, fwd) again, in rotation (reps rounds of one each), and
+                           report those times (records marked "paired"): the ratio then does not depend
+                           on what ran before each measurement
   --mem-limit-gib X        device memory to plan for (default: free memory less 6 GiB)
   --host-limit-gib X       pinned host memory to plan for                 (default: 96)
   --seed N                 routing and data seed                          (default: 1)
@@ -157,6 +161,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.warmup = to_int(value(), a);
     } else if (a == "--comm-all") {
       o.comm_all = true;
+    } else if (a == "--paired") {
+      o.paired = true;
     } else if (a == "--mem-limit-gib") {
       o.mem_limit_gib = std::stod(value());
     } else if (a == "--host-limit-gib") {

@@ -8,7 +8,18 @@
 namespace comet::bench {
 namespace {
 constexpr double kSpinMicroseconds = 30;  // longer than the host needs to enqueue a layer's first launch
+
+Timing summarize(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  const size_t n = ms.size();
+  Timing r;
+  r.samples = int(n);
+  r.min_ms = ms.front();
+  r.max_ms = ms.back();
+  r.median_ms = n % 2 ? ms[n / 2] : 0.5 * (ms[n / 2 - 1] + ms[n / 2]);
+  return r;
 }
+}  // namespace
 
 EventTimer::EventTimer(int max_reps) : start_(max_reps, nullptr), stop_(max_reps, nullptr) {
   for (int i = 0; i < max_reps; ++i) {
@@ -46,13 +57,45 @@ Timing EventTimer::measure(cudaStream_t stream, int warmup, int reps, const std:
     COMET_CUDA_CHECK(cudaEventElapsedTime(&t, start_[i], stop_[i]));
     ms[i] = t;
   }
-  std::sort(ms.begin(), ms.end());
-  Timing r;
-  r.samples = reps;
-  r.min_ms = ms.front();
-  r.max_ms = ms.back();
-  r.median_ms = reps % 2 ? ms[reps / 2] : 0.5 * (ms[reps / 2 - 1] + ms[reps / 2]);
-  return r;
+  return summarize(ms);
+}
+
+std::vector<Timing> EventTimer::measure_rotation(cudaStream_t stream, int warmup, int reps,
+                                                 const std::vector<TimedCall>& calls,
+                                                 const std::function<void()>& check) {
+  const int n = int(calls.size());
+  COMET_REQUIRE(n >= 1 && reps >= 1 && reps * n <= int(start_.size()), "EventTimer: reps x calls must be in [1, ",
+                start_.size(), "], got ", reps, " x ", n);
+  for (int i = 0; i < warmup; ++i) {
+    for (const TimedCall& c : calls) {
+      if (c.pre) c.pre();
+      c.fn();
+    }
+  }
+  for (int r = 0; r < reps; ++r) {
+    for (int j = 0; j < n; ++j) {
+      const int c = (r + j) % n;
+      const int e = r * n + c;
+      if (calls[c].pre) calls[c].pre();
+      gpu_spin(kSpinMicroseconds, stream);
+      COMET_CUDA_CHECK(cudaEventRecord(start_[e], stream));
+      calls[c].fn();
+      COMET_CUDA_CHECK(cudaEventRecord(stop_[e], stream));
+    }
+  }
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  if (check) check();
+  std::vector<Timing> out;
+  for (int c = 0; c < n; ++c) {
+    std::vector<double> ms(reps);
+    for (int r = 0; r < reps; ++r) {
+      float t = 0;
+      COMET_CUDA_CHECK(cudaEventElapsedTime(&t, start_[r * n + c], stop_[r * n + c]));
+      ms[r] = t;
+    }
+    out.push_back(summarize(ms));
+  }
+  return out;
 }
 
 }  // namespace comet::bench

@@ -19,6 +19,11 @@ struct Timing {
   int samples = 0;
 };
 
+// One call of a rotation: pre() untimed, fn() timed.
+struct TimedCall {
+  std::function<void()> pre, fn;
+};
+
 class EventTimer {
  public:
   explicit EventTimer(int max_reps);
@@ -30,6 +35,11 @@ class EventTimer {
   // `check` runs after the repeats (synchronise and raise device-reported errors).
   Timing measure(cudaStream_t stream, int warmup, int reps, const std::function<void()>& pre,
                  const std::function<void()>& fn, const std::function<void()>& check);
+  // The calls in rotation: `reps` rounds, each running every call once, round r starting at call
+  // r % calls.size(), so that whatever state the GPU drifts through (clocks, power) every call sees it
+  // alike. One Timing per call.
+  std::vector<Timing> measure_rotation(cudaStream_t stream, int warmup, int reps, const std::vector<TimedCall>& calls,
+                                       const std::function<void()>& check);
 
  private:
   std::vector<cudaEvent_t> start_, stop_;

@@ -35,7 +35,8 @@ uint64_t seed_of(uint64_t seed, const std::string& a, long long b, long long c) 
 
 GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const Layout& layout, Link link,
                          int max_tokens, int max_rows)
-    : o_(options), model_(model), layout_(layout), link_(link), timer_(options.reps) {
+    // The timer's events: --paired times two calls in rotation.
+    : o_(options), model_(model), layout_(layout), link_(link), timer_(2 * options.reps) {
   const MoeShape& s = model.shape;
   const Parallel& p = layout.par;
   const int W = p.world(), H = s.hidden, k = s.topk, el = p.local_experts(s), fs = p.ffn_shard(s);
@@ -126,6 +127,11 @@ void GroupRunner::add_record(std::vector<Record>& out, Record r, const Timing& t
                              const CaseRows& c) const {
   // Token rows cross the link once per pull and once per combine: l0 and l1 one of them, fwd and bwd
   // both, fwd+bwd four.
+  set_timing(r, t, flops, comm, c);
+  out.push_back(r);
+}
+
+void GroupRunner::set_timing(Record& r, const Timing& t, double flops, bool comm, const CaseRows& c) const {
   const int passes = r.layer == "fwd+bwd" ? 4 : r.layer == "fwd" || r.layer == "bwd" ? 2 : 1;
   r.median_ms = t.median_ms;
   r.min_ms = t.min_ms;
@@ -135,7 +141,24 @@ void GroupRunner::add_record(std::vector<Record>& out, Record r, const Timing& t
   if (comm) r.gb_s = gb_s(double(passes) * c.remote * model_.shape.hidden * 2, t.median_ms);
   r.rows = c.rows;
   r.link_rows = c.remote;
-  out.push_back(r);
+}
+
+void GroupRunner::retime_pair(std::vector<Record>& out, size_t first, const std::string& layer,
+                              const TimedCall& comet, const TimedCall& sequential, double flops, const CaseRows& c) {
+  Record* tuned = nullptr;
+  Record* seq = nullptr;
+  for (size_t i = first; i < out.size(); ++i) {
+    Record& r = out[i];
+    if (r.layer != layer) continue;
+    if (r.system == "comet" && r.tuned) tuned = &r;
+    if (r.system == "sequential") seq = &r;
+  }
+  if (!tuned || !seq) return;
+  const std::vector<Timing> t = timer_.measure_rotation(team_->stream(0), warmup_, o_.reps, {comet, sequential},
+                                                        [&] { moe_->sync_and_check(); });
+  set_timing(*tuned, t[0], flops, true, c);
+  set_timing(*seq, t[1], flops, true, c);
+  tuned->paired = seq->paired = true;
 }
 
 Record GroupRunner::base(const CaseInput& in, const std::string& layer, const std::string& system) const {
@@ -152,6 +175,7 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
 }
 
 void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
+  const size_t case_begin = out.size();
   warmup_ = in.warmup;
   stage_case(in);
   MoeEngine& moe = moe_->engine();
@@ -467,6 +491,42 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       stamp(r, t, flops0 + flops1, true);
       note(" chunked %.3f", t.median_ms);
     }
+  }
+  if (o_.paired && want_comet && want_seq) {
+    // The tuned variants as the tuned records ran them, and the baseline's steps as its records did.
+    auto request = [&](int layer) {
+      const LaunchDecision d = moe.decision(layer, 0, LayerMode::fused, tuned(tuned_tn));
+      if (o_.adaptive) return tuned(tuned_tn);
+      LayerRequest r = LayerRequest::forced(d.tile_n, d.n_comm);
+      r.m_group = d.m_group;
+      r.n_group = d.n_group;
+      return r;
+    };
+    const LayerRequest r0 = request(0), r1 = request(1);
+    if (L0)
+      retime_pair(out, case_begin, "l0", {[&] { moe.prepare(0); }, [&] { moe.layer0(0, LayerMode::fused, r0); }},
+                  {[&] { moe.prepare(0); }, [&] { seq.layer0(0); }}, flops0, case_rows);
+    if (L1)
+      retime_pair(out, case_begin, "l1", {[&] { moe.advance_epoch(0); }, [&] { moe.layer1(0, LayerMode::fused, r1); }},
+                  {nullptr, [&] { seq.layer1(0); }}, flops1, case_rows);
+    if (FWD)
+      retime_pair(out, case_begin, "fwd",
+                  {nullptr,
+                   [&] {
+                     moe.prepare(0);
+                     moe.layer0(0, LayerMode::fused, r0);
+                     moe.layer1(0, LayerMode::fused, r1);
+                     moe.finish(0, b0);
+                   }},
+                  {nullptr,
+                   [&] {
+                     seq.prepare(0);
+                     seq.layer0(0);
+                     seq.layer1(0);
+                     moe.finish(0, b0);
+                   }},
+                  flops0 + flops1, case_rows);
+    line += " | paired";
   }
   if (o_.has_backward()) line += run_backward(in, b0, case_rows, out);
   std::fprintf(stderr, "   %s\n", line.c_str());

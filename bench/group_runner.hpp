@@ -58,6 +58,11 @@ class GroupRunner {
   // that crossed the link (once per pull or combine the record's layer runs).
   void add_record(std::vector<Record>& out, Record r, const Timing& t, double flops, bool comm,
                   const CaseRows& c) const;
+  void set_timing(Record& r, const Timing& t, double flops, bool comm, const CaseRows& c) const;
+  // --paired: the case's tuned comet record and sequential record of `layer` (in out[first, end)),
+  // timed again in rotation; both records take the new times.
+  void retime_pair(std::vector<Record>& out, size_t first, const std::string& layer, const TimedCall& comet,
+                   const TimedCall& sequential, double flops, const CaseRows& c);
   // The backward's records of a case (backward_cases.cpp), after run_case's forward ones: rank 0's
   // staged batch b0. Returns its part of the progress line.
   std::string run_backward(const CaseInput& input, const RankBatch& b0, const CaseRows& c, std::vector<Record>& out);

@@ -39,6 +39,7 @@ struct Record {
                                               // 0's kernel's; in bwd they run the backward of layer 1, of 0)
   bool best = false;                          // comet fused: the best n_comm of its sweep
   bool tuned = false;                         // comet fused: the tuner's pick (n_comm < 0 resolved)
+  bool paired = false;                        // timed in rotation with its counterpart (--paired)
   std::string picked_by;                      // tuned: "table" or "cost_model" (fwd, bwd: layer 0 / layer 1)
   int tile_n = 0;
   int samples = 0;

@@ -62,6 +62,8 @@ CaseCost estimate_case(const BenchOptions& o, const MoeShape& shape, const Paral
   }
   const double seq0 = c.comm0_ms + c.gemm0_ms + 0.1, seq1 = c.comm1_ms + c.gemm1_ms;
   if (seq) ms += (l0 ? seq0 : 0) + (l1 ? seq1 : 0) + (fwd ? seq0 + seq1 + 0.2 : 0);
+  if (o.paired && comet && seq)  // the tuned run and the baseline of each layer once more, in rotation
+    ms += (l0 ? best0 + seq0 : 0) + (l1 ? best1 + seq1 : 0) + (fwd ? best0 + best1 + seq0 + seq1 + 0.2 : 0);
   if (chunked) {
     std::set<int> used;
     for (int ch : o.chunks) used.insert(std::min(ch, par.world() - 1));

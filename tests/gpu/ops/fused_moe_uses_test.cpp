@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
@@ -33,6 +34,25 @@ TEST(FusedMoeUses, DeepSeekExpertLayoutAt4096Tokens) {
   l.forward();
   l.expect_right("deepseek layout");
   EXPECT_EQ(l.fused.last_decision(0, 0).tile_n > 0, true);
+}
+
+// Long rows leave fewer shared-memory stages, and a layer-0 comm block then runs fewer bulk-copy
+// pipelines (dispatch_role.cuh: issuers_for). With the 128x256 tile's 215 KB, H 16384 (32 KB rows,
+// 6 stages) runs 2 pipelines of 3 stages and H 32768 (64 KB rows, 3 stages) one; the model shapes
+// (H <= 7168) all run 4. Both against the CPU reference, with a rank that has no tokens; the second
+// with every token's first slot on one expert.
+TEST(FusedMoeUses, LongRowsRunFewerPullPipelines) {
+  for (int hidden : {16384, 32768}) {
+    const RoutingKind kind = hidden == 16384 ? RoutingKind::uniform : RoutingKind::one_expert;
+    LocalTeam team(4, Link::device);
+    team.set_timeout(10.0);
+    MoeOptions o;
+    o.layer0 = forced(256, 3);
+    o.layer1 = forced(256, 4);
+    Layer l(team, MoeShape{hidden, 128, 8, 2, Activation::swiglu}, Parallel{4, 1}, {40, 0, 33, 17}, kind, 12, o);
+    l.forward();
+    l.expect_right("H " + std::to_string(hidden));
+  }
 }
 
 // Every bulk-store lag gives the default's output bitwise.

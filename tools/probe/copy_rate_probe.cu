@@ -19,27 +19,19 @@
 #include <string>
 #include <vector>
 
+#include "comet/cuda_check.hpp"
 #include "ptx/bulk_copy.cuh"
 
 namespace {
-
-#define CHECK(x)                                                                              \
-  do {                                                                                        \
-    cudaError_t e_ = (x);                                                                     \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                           \
-    }                                                                                         \
-  } while (0)
 
 constexpr int kSmem = 200 * 1024;
 
 __device__ __forceinline__ void wait_read_group(int lag) {  // stage reuse: the store has read it
   switch (lag) {
-    case 0: asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory"); break;
-    case 1: asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); break;
-    case 2: asm volatile("cp.async.bulk.wait_group.read 2;" ::: "memory"); break;
-    default: asm volatile("cp.async.bulk.wait_group.read 4;" ::: "memory"); break;
+    case 0: comet::dev::bulk_wait_group_read<0>(); break;
+    case 1: comet::dev::bulk_wait_group_read<1>(); break;
+    case 2: comet::dev::bulk_wait_group_read<2>(); break;
+    default: comet::dev::bulk_wait_group_read<4>(); break;
   }
 }
 
@@ -114,19 +106,19 @@ __global__ void fill_kernel(uint32_t* p, size_t n) {
 template <class Launch>
 float time_ms(Launch&& launch) {
   cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
+  COMET_CUDA_CHECK(cudaEventCreate(&a));
+  COMET_CUDA_CHECK(cudaEventCreate(&b));
   std::vector<float> t;
   for (int rep = 0; rep < 7; ++rep) {
-    CHECK(cudaEventRecord(a));
+    COMET_CUDA_CHECK(cudaEventRecord(a));
     launch();
-    CHECK(cudaEventRecord(b));
-    CHECK(cudaEventSynchronize(b));
+    COMET_CUDA_CHECK(cudaEventRecord(b));
+    COMET_CUDA_CHECK(cudaEventSynchronize(b));
     float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, a, b));
+    COMET_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
     if (rep >= 2) t.push_back(ms);
   }
-  CHECK(cudaGetLastError());
+  COMET_CUDA_CHECK(cudaGetLastError());
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -141,18 +133,18 @@ int main(int argc, char** argv) {
   char *src = nullptr, *dst = nullptr;
   int* perm = nullptr;
   if (host) {
-    CHECK(cudaHostAlloc(&src, bytes, cudaHostAllocMapped));
+    COMET_CUDA_CHECK(cudaHostAlloc(&src, bytes, cudaHostAllocMapped));
   } else {
-    CHECK(cudaMalloc(&src, bytes));
+    COMET_CUDA_CHECK(cudaMalloc(&src, bytes));
   }
   fill_kernel<<<264, 256>>>(reinterpret_cast<uint32_t*>(src), bytes / 4);
-  CHECK(cudaMalloc(&dst, bytes));
-  CHECK(cudaMalloc(&perm, rows * sizeof(int)));
+  COMET_CUDA_CHECK(cudaMalloc(&dst, bytes));
+  COMET_CUDA_CHECK(cudaMalloc(&perm, rows * sizeof(int)));
   std::vector<int> p(rows);
   std::iota(p.begin(), p.end(), 0);
   std::shuffle(p.begin(), p.end(), std::mt19937(7));
-  CHECK(cudaMemcpy(perm, p.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
-  CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  COMET_CUDA_CHECK(cudaMemcpy(perm, p.data(), rows * sizeof(int), cudaMemcpyHostToDevice));
+  COMET_CUDA_CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   std::printf("row %d bytes, %d rows (%.1f MB), source in %s memory\n", row_bytes, rows, bytes / 1e6,
               host ? "mapped host" : "device");
   const int block_counts[] = {1, 4, 16, 32, 66, 132};
@@ -177,8 +169,8 @@ int main(int argc, char** argv) {
   }
   // The copy must be right: a row of dst equals its source row.
   std::vector<char> a(row_bytes), b(row_bytes);
-  CHECK(cudaMemcpy(a.data(), dst + size_t(rows / 2) * row_bytes, row_bytes, cudaMemcpyDeviceToHost));
-  CHECK(cudaMemcpy(b.data(), src + size_t(p[rows / 2]) * row_bytes, row_bytes, host ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost));
+  COMET_CUDA_CHECK(cudaMemcpy(a.data(), dst + size_t(rows / 2) * row_bytes, row_bytes, cudaMemcpyDeviceToHost));
+  COMET_CUDA_CHECK(cudaMemcpy(b.data(), src + size_t(p[rows / 2]) * row_bytes, row_bytes, host ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost));
   std::printf("check: %s\n", a == b ? "dst rows equal their source rows" : "MISMATCH");
   return a == b ? 0 : 1;
 }

@@ -412,7 +412,31 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     }
   }
 
-  // ---- the whole forward of rank 0: prepare, layer 0, layer 1, final reduce.
+  // The tuned variant of a layer as its tuned records run it: the tuner's request (the kernel may
+  // re-pick n_comm) with the adaptive split, else the decision forced.
+  auto tuned_request = [&](int layer) {
+    if (o_.adaptive) return tuned(tuned_tn);
+    const LaunchDecision d = moe.decision(layer, 0, LayerMode::fused, tuned(tuned_tn));
+    LayerRequest r = LayerRequest::forced(d.tile_n, d.n_comm);
+    r.m_group = d.m_group;
+    r.n_group = d.n_group;
+    return r;
+  };
+  // The whole forward of rank 0: prepare, layer 0, layer 1, final reduce.
+  auto comet_forward = [&](const LayerRequest& r0, const LayerRequest& r1) {
+    moe.prepare(0);
+    moe.layer0(0, LayerMode::fused, r0);
+    moe.layer1(0, LayerMode::fused, r1);
+    moe.finish(0, b0);
+  };
+  auto seq_forward = [&] {
+    seq.prepare(0);  // reads the row counts: a host synchronisation inside the timed region
+    seq.layer0(0);
+    seq.layer1(0);
+    moe.finish(0, b0);
+  };
+
+  // ---- the whole forward.
   if (FWD) {
     if (want_comet) {
       // The forward with each layer's best n_comm of its sweep: only when both sweeps ran (a fwd-only
@@ -421,12 +445,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       const bool swept = L0 && L1;
       Timing t;
       if (swept) {
-        t = time(nullptr, [&] {
-          moe.prepare(0);
-          moe.layer0(0, LayerMode::fused, variant(tn, n0));
-          moe.layer1(0, LayerMode::fused, variant(tn, n1));
-          moe.finish(0, b0);
-        });
+        t = time(nullptr, [&] { comet_forward(variant(tn, n0), variant(tn, n1)); });
         Record r = base(in, "fwd", "comet");
         r.mode = "fused";
         r.n_comm = n0;
@@ -438,21 +457,9 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       // What a user gets without choosing: the tuner's picks for both layers.
       const LaunchDecision t0 = moe.decision(0, 0, LayerMode::fused, tuned(tuned_tn));
       const LaunchDecision t1 = moe.decision(1, 0, LayerMode::fused, tuned(tuned_tn));
-      auto as_forced = [](const LaunchDecision& d) {
-        LayerRequest r = LayerRequest::forced(d.tile_n, d.n_comm);
-        r.m_group = d.m_group;
-        r.n_group = d.n_group;
-        return r;
-      };
-      const LayerRequest v0 = o_.adaptive ? tuned(tuned_tn) : as_forced(t0);
-      const LayerRequest v1 = o_.adaptive ? tuned(tuned_tn) : as_forced(t1);
+      const LayerRequest v0 = tuned_request(0), v1 = tuned_request(1);
       const bool same = swept && !o_.adaptive && t0.n_comm == n0 && t1.n_comm == n1 && t0.tile_n == tn && t1.tile_n == tn;
-      const Timing tt = same ? t : time(nullptr, [&] {
-        moe.prepare(0);
-        moe.layer0(0, LayerMode::fused, v0);
-        moe.layer1(0, LayerMode::fused, v1);
-        moe.finish(0, b0);
-      });
+      const Timing tt = same ? t : time(nullptr, [&] { comet_forward(v0, v1); });
       Record tr = base(in, "fwd", "comet");
       tr.mode = "fused";
       tr.n_comm = o_.adaptive ? moe.last_n_comm(0, 0) : t0.n_comm;
@@ -464,12 +471,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       note(swept ? " tuned %.3f" : " | fwd comet tuned %.3f", tt.median_ms);
     }
     if (want_seq) {
-      const Timing t = time(nullptr, [&] {
-        seq.prepare(0);  // reads the row counts: a host synchronisation inside the timed region
-        seq.layer0(0);
-        seq.layer1(0);
-        moe.finish(0, b0);
-      });
+      const Timing t = time(nullptr, seq_forward);
       Record r = base(in, "fwd", "sequential");
       r.cublas_path = std::string(to_string(best_path[0])) + "/" + to_string(best_path[1]);
       stamp(r, t, flops0 + flops1, true);
@@ -494,15 +496,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   }
   if (o_.paired && want_comet && want_seq) {
     // The tuned variants as the tuned records ran them, and the baseline's steps as its records did.
-    auto request = [&](int layer) {
-      const LaunchDecision d = moe.decision(layer, 0, LayerMode::fused, tuned(tuned_tn));
-      if (o_.adaptive) return tuned(tuned_tn);
-      LayerRequest r = LayerRequest::forced(d.tile_n, d.n_comm);
-      r.m_group = d.m_group;
-      r.n_group = d.n_group;
-      return r;
-    };
-    const LayerRequest r0 = request(0), r1 = request(1);
+    const LayerRequest r0 = tuned_request(0), r1 = tuned_request(1);
     if (L0)
       retime_pair(out, case_begin, "l0", {[&] { moe.prepare(0); }, [&] { moe.layer0(0, LayerMode::fused, r0); }},
                   {[&] { moe.prepare(0); }, [&] { seq.layer0(0); }}, flops0, case_rows);
@@ -510,21 +504,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       retime_pair(out, case_begin, "l1", {[&] { moe.advance_epoch(0); }, [&] { moe.layer1(0, LayerMode::fused, r1); }},
                   {nullptr, [&] { seq.layer1(0); }}, flops1, case_rows);
     if (FWD)
-      retime_pair(out, case_begin, "fwd",
-                  {nullptr,
-                   [&] {
-                     moe.prepare(0);
-                     moe.layer0(0, LayerMode::fused, r0);
-                     moe.layer1(0, LayerMode::fused, r1);
-                     moe.finish(0, b0);
-                   }},
-                  {nullptr,
-                   [&] {
-                     seq.prepare(0);
-                     seq.layer0(0);
-                     seq.layer1(0);
-                     moe.finish(0, b0);
-                   }},
+      retime_pair(out, case_begin, "fwd", {nullptr, [&] { comet_forward(r0, r1); }}, {nullptr, seq_forward},
                   flops0 + flops1, case_rows);
     line += " | paired";
   }

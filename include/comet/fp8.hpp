@@ -37,6 +37,16 @@ Quantized quantize(const float* v, int rows, int cols, int block_rows, int block
 inline Quantized quantize_activations(const float* x, int rows, int cols) { return quantize(x, rows, cols, 1, kBlock); }
 inline Quantized quantize_weights(const float* w, int rows, int cols) { return quantize(w, rows, cols, kBlock, kBlock); }
 
+// The packed row comet's fp8 layer 0 moves and multiplies: one token's H e4m3 codes (1 x 128 block
+// scaled, as quantize_activations), then its H / 128 fp32 scales, then zeros up to a multiple of 16
+// bytes, so that a record is one bulk copy for the dispatch role and the codes are a TMA view with row
+// stride record_bytes(H). H must be a multiple of 128.
+//   bytes [0, H)                          codes
+//   bytes [H, H + 4 H / 128)              scales, block j at H + 4 j
+//   bytes [H + 4 H / 128, record_bytes)   zero padding
+inline constexpr int record_scales_offset(int hidden) { return hidden; }
+inline constexpr int record_bytes(int hidden) { return hidden + (hidden / kBlock * 4 + 15) / 16 * 16; }
+
 // Bound on |q(v) - v| for a value quantised with scale s: u |v| + s 2^-10 (normal and subnormal codes).
 double quantization_error_bound(double v, double scale);
 // Bound on |sum_i q(a_i) q(b_i) - sum_i a_i b_i| given each factor's scale, in exact arithmetic over the

@@ -35,6 +35,9 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
   --tile-n N               comet's tile 128xN, N in {128, 256}, or 192 with --layers l0 (default: 256)
+  --dtype T                layer 0's GEMM inputs, bf16 or e4m3 (fp8 tokens and W0 with block scales;
+                           cublas / sequential then run cuBLASLt's block-scaled fp8; needs --tile-n 128
+                           and no chunked system)                        (default: bf16)
   --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
                            (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
@@ -151,6 +154,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.chunks = split_ints(value(), a);
     } else if (a == "--chunk-comm-blocks") {
       o.chunk_comm_blocks = to_int(value(), a);
+    } else if (a == "--dtype") {
+      o.dtype = value();
     } else if (a == "--tuned-tile") {
       o.tuned_tile = true;
     } else if (a == "--tile-n") {
@@ -189,6 +194,10 @@ BenchOptions parse_options(int argc, char** argv) {
   COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 192 || o.tile_n == 256, "--tile-n must be 128, 192 or 256");
   COMET_REQUIRE(o.tile_n != 192 || o.layers == std::vector<std::string>{"l0"},
                 "--tile-n 192 is a layer-0 shape: give --layers l0");
+  COMET_REQUIRE(o.dtype == "bf16" || o.dtype == "e4m3", "--dtype must be bf16 or e4m3, got '", o.dtype, "'");
+  COMET_REQUIRE(o.dtype == "bf16" || (o.tile_n == 128 && !o.has_system("chunked") && !o.has_backward()),
+                "--dtype e4m3 needs --tile-n 128 (the fp8 kernel's one tile), --systems without chunked and a "
+                "forward only (no l2, l3, bwd)");
   COMET_REQUIRE(o.reps >= 1 && o.warmup >= 0, "--reps must be >= 1 and --warmup >= 0");
   COMET_REQUIRE(o.chunk_comm_blocks >= 1, "--chunk-comm-blocks must be >= 1");
   std::sort(o.tokens.begin(), o.tokens.end());

@@ -19,6 +19,7 @@ struct BenchOptions {
   int chunk_comm_blocks = 16;
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
+  std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)
   bool tuned_tile = false;  // tuned records: the tuner picks the width as well
   int reps = 10;
   int warmup = 2;

@@ -7,7 +7,9 @@
 #include <numeric>
 
 #include "comet/cuda_check.hpp"
+#include "comet/fp8.hpp"
 #include "harness/device_random.hpp"
+#include "kernels/fp8_quantize.hpp"
 
 namespace comet::bench {
 namespace {
@@ -50,6 +52,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   mo.adaptive_split = o_.adaptive;
   mo.training = o_.has_backward();  // the forwards keep their pre-activations (every forward record then pays it)
   mo.compute_ranks = {0};           // the others only stage their tokens: no gathered rows, hidden or Y
+  mo.dtype = fp8() ? DType::e4m3 : DType::bf16;
   moe_ = std::make_unique<FusedMoe>(*team_, s, p, MoeCapacity{max_tokens, max_rows}, mo);
   // Rank 0's weights only, shared by every rank: only rank 0 computes, the others stage their tokens.
   w0_ = testing::DeviceBuffer(size_t(el) * n0 * H * 2);
@@ -73,6 +76,16 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
     grads_.dw1 = testing::DeviceBuffer(w1_.bytes());
     testing::fill_random_bf16(grads_.dout.get(), size_t(max_tokens) * H, 1.0f, seed_of(o_.seed, model.name, 2, 0), s0);
   }
+  const float* w0_scales = nullptr;
+  const void* w0_gemm = w0_.get();
+  if (fp8()) {
+    // Layer 0 multiplies W0's e4m3 codes with their 128 x 128 block scales, quantised here once.
+    w0_codes_ = testing::DeviceBuffer(size_t(el) * n0 * H);
+    w0_scales_ = testing::DeviceBuffer(size_t(el) * ((n0 + 127) / 128) * (H / 128) * 4);
+    kernels::quantize_weights_e4m3(w0_.get(), el, n0, H, w0_codes_.get(), w0_scales_.as<float>(), s0);
+    w0_scales = w0_scales_.as<float>();
+    w0_gemm = w0_codes_.get();
+  }
   COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
   SequentialOptions so;
   so.tile_n = tile_other;
@@ -80,10 +93,10 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   ChunkedOptions co;
   co.tile_n = tile_other;
   co.comm_blocks = o_.chunk_comm_blocks;
-  chunked_ = std::make_unique<ChunkedMoe>(*moe_, co);
+  if (!fp8()) chunked_ = std::make_unique<ChunkedMoe>(*moe_, co);  // bf16 only
   for (int r = 0; r < W; ++r) {
-    seq_->set_weights(r, w0_.get(), w1_.get());
-    chunked_->set_weights(r, w0_.get(), w1_.get());
+    seq_->set_weights(r, w0_gemm, w1_.get(), w0_scales);
+    if (chunked_) chunked_->set_weights(r, w0_.get(), w1_.get());
   }
 }
 
@@ -138,7 +151,13 @@ void GroupRunner::set_timing(Record& r, const Timing& t, double flops, bool comm
   r.max_ms = t.max_ms;
   r.samples = t.samples;
   if (flops > 0) r.tflops = tflops(flops, t.median_ms);
-  if (comm) r.gb_s = gb_s(double(passes) * c.remote * model_.shape.hidden * 2, t.median_ms);
+  // A pull moves token rows (bf16, or fp8 records), a combine bf16 rows.
+  const double bf16_row = 2.0 * model_.shape.hidden;
+  const double pull_row = fp8() ? double(fp8::record_bytes(model_.shape.hidden)) : bf16_row;
+  const double bytes_per_remote = r.layer == "l0" ? pull_row
+                                  : r.layer == "fwd" ? pull_row + bf16_row
+                                  : passes * bf16_row;
+  if (comm) r.gb_s = gb_s(bytes_per_remote * c.remote, t.median_ms);
   r.rows = c.rows;
   r.link_rows = c.remote;
 }
@@ -167,6 +186,7 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
                   to_string(link_), in.tokens,   in.routing};
   r.layer = layer;
   r.system = system;
+  r.dtype = o_.dtype;
   r.tile_n = o_.tile_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;
@@ -180,7 +200,6 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   stage_case(in);
   MoeEngine& moe = moe_->engine();
   SequentialMoe& seq = *seq_;
-  ChunkedMoe& chunked = *chunked_;
   const MoeShape& s = model_.shape;
   const int W = layout_.par.world(), H = s.hidden, fs = layout_.par.ffn_shard(s), tn = o_.tile_n;
   const int tuned_tn = o_.tuned_tile ? 0 : tn;  // the tuned records' width: --tile-n, or the tuner's
@@ -242,8 +261,12 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       note(layer == 0 ? " cublas l0 %.3f" : " l1 %.3f", t[int(best)].median_ms);
     }
   }
-  seq.options().gemm0 = chunked.options().gemm0 = best_path[0];
-  seq.options().gemm1 = chunked.options().gemm1 = best_path[1];
+  seq.options().gemm0 = best_path[0];
+  seq.options().gemm1 = best_path[1];
+  if (chunked_) {
+    chunked_->options().gemm0 = best_path[0];
+    chunked_->options().gemm1 = best_path[1];
+  }
 
   // ---- comet: gemm_only, the fused n_comm sweep, comm_only at the best n_comm (or every one).
   int best_n[2] = {moe.options().layer0.n_comm.value_or(0), moe.options().layer1.n_comm.value_or(0)};
@@ -371,6 +394,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   // ---- chunked: each C (as used: at most W-1 remote chunks), the best one per layer reported.
   int best_c = o_.chunks.front();
   if (want_chunked && (L0 || L1 || FWD)) {
+    ChunkedMoe& chunked = *chunked_;  // bf16 runs (the options refuse chunked with e4m3)
     struct ChunkTimes {
       int requested = 0;
       Timing l0, l1;
@@ -478,6 +502,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       note(" seq %.3f", t.median_ms);
     }
     if (want_chunked) {
+      ChunkedMoe& chunked = *chunked_;
       chunked.options().chunks = best_c;
       moe.prepare(0);
       chunked.setup(0);  // the host reads the plan once per routing: not part of the timed forward

@@ -38,6 +38,7 @@ class GroupRunner {
   void recover();
 
  private:
+  bool fp8() const { return o_.dtype == "e4m3"; }
   struct Rank {
     testing::DeviceBuffer x, ids, gates, out;
   };
@@ -74,6 +75,7 @@ class GroupRunner {
   std::unique_ptr<LocalTeam> team_;
   std::unique_ptr<FusedMoe> moe_;
   testing::DeviceBuffer w0_, w1_;
+  testing::DeviceBuffer w0_codes_, w0_scales_;  // --dtype e4m3: W0 quantised (codes, 128 x 128 scales)
   std::vector<Rank> ranks_;
   Grads grads_;
   std::unique_ptr<SequentialMoe> seq_;

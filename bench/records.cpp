@@ -96,6 +96,7 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
       o.str("mode", r.mode);
     }
     o.str("layout", r.key.layout);
+    o.str("dtype", r.dtype);
     o.optional("n_comm_l1", r.n_comm_l1);
     o.optional("gb_s", r.gb_s);
     o.optional("overlap_efficiency", r.overlap_efficiency);

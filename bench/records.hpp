@@ -22,6 +22,7 @@ struct Record {
   CaseKey key;
   std::string layer;   // l0, l1, fwd, bwd, fwd+bwd, wgrad (the weight-gradient GEMMs alone)
   std::string system;  // cublas, sequential, chunked, comet
+  std::string dtype = "bf16";  // layer 0's inputs (e4m3: cublas and sequential are cuBLASLt's fp8)
   double median_ms = 0;
   std::optional<double> tflops;  // over the real rows; none for comm-only records
   // comet only

@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "comet/shape.hpp"
+#include "comet/variant.hpp"
 
 namespace comet {
 
@@ -39,14 +40,15 @@ struct LayerFootprint {
   size_t plan = 0;          // the routing plan and its device builder's scratch
   size_t training = 0;      // pre-activations [rows][N0_s], output gradients [rows][H], gate partials
                             // [rows] fp32, and D [rows][F/tp] where F/tp > H (else D lives in Y)
-  size_t symmetric = 0;     // x [T][H], routing [T][k] ids + gates, receive slots [W][T][H], failure
+  size_t symmetric = 0;     // x [T][H] (e4m3: [T] records, fp8.hpp), routing [T][k] ids + gates, receive slots [W][T][H], failure
                             // words [W] int32 (kernels/peer_failure.hpp); training:
                             // gate-gradient slots [W][T][k] fp32
   size_t compute() const { return gathered + expert_out + hidden + self_partial + flags + plan + training; }
   size_t total() const { return compute() + symmetric; }
 };
 
-// `cap` must be resolved (resolve_capacity).
-LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const MoeCapacity& cap, bool training);
+// `cap` must be resolved (resolve_capacity). dtype: MoeOptions::dtype (the exported tokens' rows).
+LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const MoeCapacity& cap, bool training,
+                               DType dtype = DType::bf16);
 
 }  // namespace comet

@@ -58,6 +58,10 @@ struct MoeOptions {
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),
   // plus the backward's buffers (gathered output gradients [max_rows][H] bf16, gate-gradient partials).
   bool training = false;
+  // Layer 0's GEMM inputs (comet/variant.hpp: DType). e4m3: every rank quantises its tokens once per
+  // forward (1 x 128 blocks) and the comm blocks move the packed records, half the bytes of bf16; W0 is
+  // given as e4m3 codes with 128 x 128 block scales (set_weights). Forward only (training refused).
+  DType dtype = DType::bf16;
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;
   // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
@@ -115,7 +119,10 @@ class FusedMoe {
   // Expert weights of a local rank, in the layout of weight_layout.hpp (device pointers, bf16):
   // w0 [E_l][w0 rows of the shard][H], w1 [E_l][H][F/tp]. Kept by pointer: they must outlive the calls.
   // A null pointer keeps that layer's current weights (the split layer calls pass one at a time).
-  void set_weights(int rank, const void* w0, const void* w1);
+  // With MoeOptions::dtype e4m3, w0 holds e4m3 codes in the same layout and w0_scales its fp32 scales of
+  // 128 x 128 blocks of each expert's [w0 rows][H], [E_l][ceil(w0 rows / 128)][H / 128] (fp8.hpp's
+  // quantize_weights over the local layout; kernels/fp8_quantize.hpp makes them on the GPU).
+  void set_weights(int rank, const void* w0, const void* w1, const float* w0_scales = nullptr);
 
   // The layer for this process's one rank (IpcTeam, or a team of one), ordered on `stream`.
   void forward(const RankBatch& batch, cudaStream_t stream);

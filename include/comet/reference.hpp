@@ -79,15 +79,19 @@ std::vector<T> expert_output(const MoeShape& shape, const ExpertWeights<T>& weig
                              const T* hidden_shard, int f_begin, int f_end);
 
 // fp8 (issue 17): what comet's fp8 layer 0 computes with. Every token row of x quantised to e4m3 in
-// 1 x 128 blocks and every expert's w0 [w0_rows][H] in 128 x 128 blocks (comet/fp8.hpp), then
-// dequantised; w1 and the rest unchanged (layer 1 stays bf16). forward_fp8 is forward() over them: the
-// oracle of the fp8 path, whose GEMM differs from it only by fp32 accumulation order.
+// 1 x 128 blocks (comet/fp8.hpp), and w0 in 128 x 128 blocks of each rank's local layout
+// (weight_layout.hpp: w0_local [E_l][N0_s][H], per expert), which is what the GPU multiplies: a swiglu
+// shard interleaves gate and up rows, so its blocks are not blocks of the full w0. Then dequantised;
+// w1 and the rest unchanged (layer 1 stays bf16). forward_fp8 is forward() over them: the oracle of
+// the fp8 path, whose GEMM differs from it only by fp32 accumulation order.
 template <class T>
 struct Fp8Layer0 {
   ExpertWeights<T> weights;
   std::vector<RankInput<T>> ranks;
+  // The scale each element of the full w0 was quantised with, [E][w0_rows][H / 128].
+  std::vector<float> w0_scales;
 };
-Fp8Layer0<float> quantize_layer0(const MoeShape& shape, const ExpertWeights<float>& weights,
+Fp8Layer0<float> quantize_layer0(const MoeShape& shape, const Parallel& par, const ExpertWeights<float>& weights,
                                  const std::vector<RankInput<float>>& ranks);
 RankOutputs<float> forward_fp8(const MoeShape& shape, const Parallel& par, const ExpertWeights<float>& weights,
                                const std::vector<RankInput<float>>& ranks);

@@ -6,6 +6,13 @@
 
 namespace comet {
 
+// Element type of layer 0's GEMM inputs (MoeOptions::dtype). bf16: tokens and W0 as given. e4m3 (issue
+// 17): each token quantised to e4m3 with 1 x 128 fp32 scales once, on its owner, and moved as one
+// packed record (comet/fp8.hpp); W0 given as e4m3 codes with 128 x 128 fp32 scales; fp32 accumulation
+// and a bf16 hidden output, so layer 1 and the combine stay bf16.
+enum class DType : int { bf16 = 0, e4m3 = 1 };
+inline const char* to_string(DType t) { return t == DType::e4m3 ? "e4m3" : "bf16"; }
+
 // fused:     comm and compute blocks in one persistent launch (the product).
 // gemm_only: compute blocks only, no waits (layer 0 assumes its rows are present): T_gemm.
 // comm_only: comm blocks only, no waits on compute (layer 1 ships whatever Y holds): T_comm.

@@ -56,7 +56,10 @@ class SequentialMoe {
   SequentialMoe& operator=(const SequentialMoe&) = delete;
 
   // Expert weights of a local rank (layout of weight_layout.hpp); passed on to the FusedMoe as well.
-  void set_weights(int rank, const void* w0, const void* w1);
+  // With the FusedMoe's dtype e4m3, w0 holds e4m3 codes and w0_scales their 128 x 128 block scales
+  // (FusedMoe::set_weights), and GEMM0 runs on cuBLASLt's block-scaled fp8 (fp8_expert_gemm.hpp) over
+  // the records the dispatch gathered: the fp8 sequential baseline.
+  void set_weights(int rank, const void* w0, const void* w1, const float* w0_scales = nullptr);
 
   // The whole layer for every local rank; batches[i] belongs to team.local_ranks()[i].
   void forward(const std::vector<RankBatch>& batches);

@@ -106,6 +106,8 @@ ChunkedMoe::ChunkedMoe(FusedMoe& moe_public, const ChunkedOptions& options) : mo
   COMET_REQUIRE(options_.tile_n == 128 || options_.tile_n == 256, "ChunkedMoe: tile_n must be 128 or 256, got ",
                 options_.tile_n);
   COMET_REQUIRE(options_.chunks >= 1, "ChunkedMoe: chunks must be >= 1, got ", options_.chunks);
+  COMET_REQUIRE(moe_.options().dtype == DType::bf16, "ChunkedMoe: bf16 only (its GEMMs are cuBLAS bf16); the fp8 ",
+                "layer has the sequential baseline");
   COMET_CUDA_CHECK(cudaSetDevice(moe_.team().device()));
   for (int r : moe_.team().local_ranks()) ranks_.push_back(std::make_unique<RankState>(moe_, r));
 }

@@ -23,10 +23,14 @@ SequentialMoe::RankState& SequentialMoe::state(int rank) const {
   throw InvalidArgument(detail::concat("SequentialMoe: rank ", rank, " is not driven by this process"));
 }
 
-void SequentialMoe::set_weights(int rank, const void* w0, const void* w1) {
-  moe_.set_weights(rank, w0, w1);  // validates the pointers and the rank
-  state(rank).layers.set_weights(w0, w1);
+void SequentialMoe::set_weights(int rank, const void* w0, const void* w1, const float* w0_scales) {
+  moe_.set_weights(rank, w0, w1, w0_scales);  // validates the pointers, the scales and the rank
+  RankState& s = state(rank);
+  s.layers.set_weights(w0, w1);
+  if (w0) s.w0_scales = w0_scales;
 }
+
+static bool is_fp8(const MoeEngine& moe) { return moe.options().dtype == DType::e4m3; }
 
 void SequentialMoe::prepare(int rank) {
   RankState& s = state(rank);
@@ -36,6 +40,9 @@ void SequentialMoe::prepare(int rank) {
   moe_.prepare(rank);
   s.read_counts(moe_);
   s.layers.ensure_scratch(moe_);
+  if (is_fp8(moe_) && !s.fp8_gemm0)
+    s.fp8_gemm0 = std::make_unique<baselines::Fp8ExpertGemm>(moe_.capacity().max_rows_per_rank,
+                                                             baselines::w0_shard_rows(moe_), moe_.shape().hidden);
   s.problems0.assign(s.layers.gemm0(moe_, rank), s.blocks, s.stream);
   s.problems1.assign(s.layers.gemm1(moe_, rank), s.blocks, s.stream);
   s.prepared = true;
@@ -54,6 +61,12 @@ void SequentialMoe::dispatch(int rank) {
 void SequentialMoe::gemm0(int rank) {
   RankState& s = state(rank);
   require_prepared(s.prepared, rank);
+  if (s.fp8_gemm0) {
+    // The gathered records (fp8.hpp) x W0's codes, block-scaled, into the same pre-activation rows.
+    const baselines::GemmOperands op = s.layers.gemm0(moe_, rank);
+    s.fp8_gemm0->run(op.a, op.b, s.w0_scales, op.c, s.blocks, s.stream);
+    return;
+  }
   s.problems0.run(s.handle.get(), options_.gemm0);
 }
 

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <algorithm>
+#include <memory>
 #include <vector>
 
 #include "baselines/baselines.hpp"
 #include "baselines/expert_layers.hpp"
+#include "baselines/fp8_expert_gemm.hpp"
 #include "baselines/plan_readback.hpp"
 
 namespace comet {
@@ -22,6 +24,9 @@ struct SequentialMoe::RankState {
   baselines::ExpertCounts counts;
   std::vector<baselines::RowBlock> blocks;  // one per local expert, from counts
   int max_rows = 0;
+  // MoeOptions::dtype e4m3: W0's block scales and the cuBLASLt fp8 GEMM0 (made on first prepare).
+  const float* w0_scales = nullptr;
+  std::unique_ptr<baselines::Fp8ExpertGemm> fp8_gemm0;
   bool prepared = false;       // forward GEMM problems match the plan
   bool grad_prepared = false;  // backward GEMM problems match the plan
 

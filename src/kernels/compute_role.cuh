@@ -10,6 +10,9 @@
 //                                      (activation + store; layer 1 also publishes the tile's done flag)
 // Compute block c of n_compute takes tiles c, c + n_compute, ... so that all blocks walk the list
 // together, in its order.
+// With block-scaled fp8 (Cfg::kScaleWarp, fp8_gemm_config.cuh), warp 1 of the producer warp group walks
+// the same tiles and loads their scales with cp.async into the same pipeline stages, after the same
+// before_load wait (the scales of a record land with its codes).
 #pragma once
 
 #include <cutlass/arch/reg_reconfig.h>
@@ -54,10 +57,12 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
   const int lane = threadIdx.x % 32;
 
   typename Pipeline::Params pipe_params;
-  if (warp_group == 0 && warp_in_group == 0) pipe_params.role = Pipeline::ThreadCategory::Producer;
+  const bool scale_warp = Cfg::kScaleWarp && warp_group == 0 && warp_in_group == 1;
+  if (warp_group == 0 && (warp_in_group == 0 || scale_warp)) pipe_params.role = Pipeline::ThreadCategory::Producer;
   if (warp_group > 0) pipe_params.role = Pipeline::ThreadCategory::Consumer;
   pipe_params.is_leader = (threadIdx.x % 128) == 0;
   pipe_params.num_consumers = Cfg::kConsumerThreads;
+  pipe_params.num_producers = Cfg::kProducerArrivals;
   pipe_params.transaction_bytes = mp.tma_transaction_bytes;
   Pipeline pipeline(storage.pipeline, pipe_params, typename Cfg::ClusterShape{});
   __syncthreads();  // barrier initialisation visible to every warp
@@ -69,6 +74,24 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
+    if constexpr (Cfg::kScaleWarp) {
+      if (scale_warp) {
+        auto write_state = cutlass::make_producer_start_state<Pipeline>();
+        Tensor gA = get<0>(load_inputs);
+        for (int w = compute_index; w < n_work; w += n_compute) {
+          const TileCoord tile = schedule.at(w);
+          const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
+          if (tile_k == 0) continue;
+          hooks.before_load(tile, lane);
+          auto k_iter = make_coord_iterator(idx2crd(tile.k_begin, shape<3>(gA)), shape<3>(gA));
+          const int l = tile.batch >= 0 ? tile.batch : tile.expert;
+          mainloop.load_auxiliary(mp, pipeline, write_state, load_inputs, make_coord(tile.m_block, tile.n_block, _, l),
+                                  k_iter, tile_k, lane, 0u, storage.tensors);
+          write_state.advance(tile_k);
+        }
+        return;
+      }
+    }
     if (warp_in_group != 0) return;
     if (lane == 0) Mainloop::prefetch_tma_descriptors(mp);
     auto write_state = cutlass::make_producer_start_state<Pipeline>();

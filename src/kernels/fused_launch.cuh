@@ -4,6 +4,8 @@
 #include <string>
 
 #include "comet/cuda_check.hpp"
+#include "comet/fp8.hpp"
+#include "kernels/fp8_gemm_config.cuh"
 #include "kernels/fused_layers.hpp"
 #include "kernels/layer0_kernel.cuh"
 #include "kernels/layer1_kernel.cuh"
@@ -78,18 +80,18 @@ std::string layer1_can_implement(const Layer1Launch& l, const KernelSplit& split
   return layer1_can_implement<Cfg>(l.combine.topk, l.ffn_shard, l.experts, split);
 }
 
-// Layer 0's kernel: dispatch into A (d.a) + A B_e with B [experts] x (n, H) + the epilogue `epi`.
+// Layer 0's kernel: dispatch into A (d.a) + A B_e (the mainloop's operands, over ext) + the epilogue.
 template <class Cfg, class Epi>
-void launch_layer0_kernel(const DispatchArgs& d, const void* b, int n, int experts, int rows_cap, const Epi& epi,
-                          const GridSplit& split, cudaStream_t stream) {
+void launch_layer0_kernel(const DispatchArgs& d, const typename Cfg::MainloopParams& mainloop, const GemmExtents& ext,
+                          const Epi& epi, const GridSplit& split, cudaStream_t stream) {
   const LaunchLimits lim = layer0_limits_for<Cfg, Epi>();
   Layer0Params<Cfg, Epi> p{};
-  p.ext = GemmExtents{rows_cap, n, d.hidden, experts};
-  p.mainloop = Cfg::make_params(d.a, rows_cap, d.hidden, b, n, experts);
+  p.ext = ext;
+  p.mainloop = mainloop;
   p.dispatch = d;
   p.epi = epi;
   p.split = kernel_split(split, lim, Cfg::kSharedBytes);
-  const std::string why = layer0_can_implement<Cfg>(d, n, experts, p.split);
+  const std::string why = layer0_can_implement<Cfg>(d, ext.n, ext.experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
@@ -97,10 +99,32 @@ void launch_layer0_kernel(const DispatchArgs& d, const void* b, int n, int exper
   COMET_CUDA_CHECK_LAUNCH();
 }
 
+// bf16 A [rows_cap][H] and B [experts] x (n0, H).
 template <class Cfg>
 void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
   const ActivationStore epi{l.act, static_cast<__nv_bfloat16*>(l.hid), l.hid_ld, l.n0, static_cast<__nv_bfloat16*>(l.pre)};
-  launch_layer0_kernel<Cfg>(l.dispatch, l.w0, l.n0, l.experts, l.rows_cap, epi, l.split, stream);
+  const DispatchArgs& d = l.dispatch;
+  launch_layer0_kernel<Cfg>(d, Cfg::make_params(d.a, l.rows_cap, d.hidden, l.w0, l.n0, l.experts),
+                            GemmExtents{l.rows_cap, l.n0, d.hidden, l.experts}, epi, l.split, stream);
+}
+
+// fp8: A holds token records (comet/fp8.hpp; the dispatch moves them as rows of record_bytes / 2
+// 16-bit units), B the e4m3 codes of W0 with their 128 x 128 scales.
+template <class Cfg>
+void launch_layer0_fp8_for(const Layer0Launch& l, cudaStream_t stream) {
+  const DispatchArgs& d = l.dispatch;
+  const int row_bytes = fp8::record_bytes(l.hidden);
+  COMET_REQUIRE(l.hidden > 0 && l.hidden % Cfg::kScaleBlock == 0, "fp8 layer 0: H (", l.hidden,
+                ") must be a positive multiple of ", Cfg::kScaleBlock);
+  COMET_REQUIRE(d.hidden * 2 == row_bytes, "fp8 layer 0: the dispatch moves rows of ", d.hidden * 2,
+                " bytes, a record of H = ", l.hidden, " has ", row_bytes);
+  COMET_REQUIRE(l.w0_scales != nullptr, "fp8 layer 0: W0's block scales are missing");
+  // The scales' layout indexes in int32: the last record's last scale must be addressable.
+  COMET_REQUIRE(int64_t(l.rows_cap) * (row_bytes / 4) < (int64_t(1) << 31), "fp8 layer 0: ", l.rows_cap,
+                " records of ", row_bytes, " bytes exceed the scale view's 32-bit index");
+  const ActivationStore epi{l.act, static_cast<__nv_bfloat16*>(l.hid), l.hid_ld, l.n0, static_cast<__nv_bfloat16*>(l.pre)};
+  launch_layer0_kernel<Cfg>(d, Cfg::make_params(d.a, l.rows_cap, l.hidden, row_bytes, l.w0, l.w0_scales, l.n0, l.experts),
+                            GemmExtents{l.rows_cap, l.n0, l.hidden, l.experts}, epi, l.split, stream);
 }
 
 // Layer 1's kernel: y = A B_e with A [rows_cap][k], B [experts] x (H, k), + the combine of y.
@@ -138,6 +162,14 @@ void launch_layer0_tile(const Layer0Launch& l, cudaStream_t stream) {
   launch_layer0_for<GemmConfig<kTileM, TileN>>(l, stream);
 }
 template <int TileN>
+LaunchLimits layer0_fp8_limits_tile() {
+  return layer0_limits_for<Fp8GemmConfig<kTileM, TileN>>();
+}
+template <int TileN>
+void launch_layer0_fp8_tile(const Layer0Launch& l, cudaStream_t stream) {
+  launch_layer0_fp8_for<Fp8GemmConfig<kTileM, TileN>>(l, stream);
+}
+template <int TileN>
 LaunchLimits layer1_limits_tile() {
   return layer1_limits_for<GemmConfig<kTileM, TileN>>();
 }
@@ -161,8 +193,11 @@ LaunchLimits grad_layer1_limits_tile() {
 }
 template <int TileN>
 void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream) {
+  using Cfg = GradConfig<TileN>;
   const ActivationStore epi{EpilogueOp::none, static_cast<__nv_bfloat16*>(l.d), l.ffn_shard, l.ffn_shard, nullptr};
-  launch_layer0_kernel<GradConfig<TileN>>(l.dispatch, l.w1, l.ffn_shard, l.experts, l.rows_cap, epi, l.split, stream);
+  const DispatchArgs& d = l.dispatch;
+  launch_layer0_kernel<Cfg>(d, Cfg::make_params(d.a, l.rows_cap, d.hidden, l.w1, l.ffn_shard, l.experts),
+                            GemmExtents{l.rows_cap, l.ffn_shard, d.hidden, l.experts}, epi, l.split, stream);
 }
 template <int TileN>
 LaunchLimits grad_layer0_limits_tile() {

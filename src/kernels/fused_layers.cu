@@ -20,9 +20,13 @@ void with_tile(int tile_n, const char* layer, Fn&& fn) {
 
 }  // namespace
 
-LaunchLimits layer0_limits(int tile_n) {
+LaunchLimits layer0_limits(int tile_n, DType dtype) {
   LaunchLimits lim;
-  with_tile<Layer0Tiles>(tile_n, "layer 0", [&](auto w) { lim = layer0_limits_tile<decltype(w)::value>(); });
+  if (dtype == DType::e4m3) {
+    with_tile<Fp8Layer0Tiles>(tile_n, "fp8 layer 0", [&](auto w) { lim = layer0_fp8_limits_tile<decltype(w)::value>(); });
+  } else {
+    with_tile<Layer0Tiles>(tile_n, "layer 0", [&](auto w) { lim = layer0_limits_tile<decltype(w)::value>(); });
+  }
   return lim;
 }
 LaunchLimits layer1_limits(int tile_n) {
@@ -31,7 +35,12 @@ LaunchLimits layer1_limits(int tile_n) {
   return lim;
 }
 void launch_layer0(const Layer0Launch& l, cudaStream_t stream) {
-  with_tile<Layer0Tiles>(l.tile_n, "layer 0", [&](auto w) { launch_layer0_tile<decltype(w)::value>(l, stream); });
+  if (l.dtype == DType::e4m3) {
+    with_tile<Fp8Layer0Tiles>(l.tile_n, "fp8 layer 0",
+                              [&](auto w) { launch_layer0_fp8_tile<decltype(w)::value>(l, stream); });
+  } else {
+    with_tile<Layer0Tiles>(l.tile_n, "layer 0", [&](auto w) { launch_layer0_tile<decltype(w)::value>(l, stream); });
+  }
 }
 void launch_layer1(const Layer1Launch& l, cudaStream_t stream) {
   with_tile<Layer1Tiles>(l.tile_n, "layer 1", [&](auto w) { launch_layer1_tile<decltype(w)::value>(l, stream); });

@@ -21,6 +21,9 @@ using Mode = LayerMode;
 inline constexpr int kTileM = 128;
 using Layer0Tiles = std::integer_sequence<int, 128, 192, 256>;
 using Layer1Tiles = std::integer_sequence<int, 128, 256>;
+// Layer 0 in fp8 (Fp8GemmConfig): 128 x 128 only. Its mainloop keeps a second set of fp32 accumulators
+// for the per-K-block promotion, so a 256-wide tile would hold 256 accumulator registers per thread.
+using Fp8Layer0Tiles = std::integer_sequence<int, 128>;
 // The backward's fused kernels (layer 0's and layer 1's with N-major weights): the two widths.
 using GradTiles = std::integer_sequence<int, 128, 256>;
 
@@ -29,8 +32,9 @@ constexpr bool has_tile(std::integer_sequence<int, T...>, int tile_n) {
   return ((tile_n == T) || ...);
 }
 // By launch id (comet/tune.hpp: 0, 1 the forward's layers, 2, 3 the backward's kernels).
-inline bool is_supported_tile_n(int tile_n, int layer) {
+inline bool is_supported_tile_n(int tile_n, int layer, DType dtype = DType::bf16) {
   if (layer >= 2) return has_tile(GradTiles{}, tile_n);
+  if (layer == 0 && dtype == DType::e4m3) return has_tile(Fp8Layer0Tiles{}, tile_n);
   return layer == 0 ? has_tile(Layer0Tiles{}, tile_n) : has_tile(Layer1Tiles{}, tile_n);
 }
 
@@ -48,7 +52,10 @@ struct GridSplit {
 
 struct Layer0Launch {
   int tile_n = 256;
-  const void* w0 = nullptr;  // [experts][n0][hidden]
+  DType dtype = DType::bf16;
+  int hidden = 0;            // H, the GEMM's K (fp8: dispatch.hidden is a record's length in 16-bit units)
+  const void* w0 = nullptr;  // [experts][n0][hidden], bf16 or e4m3 codes
+  const float* w0_scales = nullptr;  // e4m3: [experts][ceil(n0 / 128)][hidden / 128]
   int n0 = 0;                // W0 rows per expert (2 F_s for swiglu)
   int experts = 0;
   int rows_cap = 0;
@@ -130,6 +137,10 @@ LaunchLimits layer0_limits_tile();
 template <int TileN>
 void launch_layer0_tile(const Layer0Launch& l, cudaStream_t stream);
 template <int TileN>
+LaunchLimits layer0_fp8_limits_tile();
+template <int TileN>
+void launch_layer0_fp8_tile(const Layer0Launch& l, cudaStream_t stream);
+template <int TileN>
 LaunchLimits layer1_limits_tile();
 template <int TileN>
 void launch_layer1_tile(const Layer1Launch& l, cudaStream_t stream);
@@ -144,7 +155,7 @@ template <int TileN>
 void launch_grad_layer0_tile(const GradLayer0Launch& l, cudaStream_t stream);
 
 // The entry points by tile width (InvalidArgument for a width that is not compiled).
-LaunchLimits layer0_limits(int tile_n);
+LaunchLimits layer0_limits(int tile_n, DType dtype = DType::bf16);
 LaunchLimits layer1_limits(int tile_n);
 
 void launch_layer0(const Layer0Launch& l, cudaStream_t stream);

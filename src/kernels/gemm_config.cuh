@@ -61,6 +61,9 @@ struct GemmConfig {
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
+  // The TMA thread alone fills a stage (Fp8GemmConfig adds a scale-loading warp).
+  static constexpr bool kScaleWarp = false;
+  static constexpr int kProducerArrivals = 1;
 
   struct SharedStorage {
     typename Mainloop::TensorStorage tensors;

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "comet/device_plan.hpp"
+#include "comet/fp8.hpp"
 #include "comet/plan.hpp"
 #include "comet/tune.hpp"
 #include "kernels/layer_sync.hpp"
@@ -54,7 +55,8 @@ MoeCapacity resolve_capacity(const MoeShape& shape, const Parallel& par, const M
   return out;
 }
 
-LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const MoeCapacity& cap, bool training) {
+LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const MoeCapacity& cap, bool training,
+                               DType dtype) {
   COMET_REQUIRE(cap.max_rows_per_rank > 0 && cap.max_rows_per_rank % kTileM == 0,
                 "layer_footprint: the capacity must be resolved (resolve_capacity)");
   const size_t rows = size_t(cap.max_rows_per_rank), T = size_t(cap.max_tokens_per_rank);
@@ -73,7 +75,8 @@ LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const
     f.training = alloc_size(rows * n0 * 2) + alloc_size(rows * H * 2) + alloc_size(rows * sizeof(float)) +
                  (fs <= H ? 0 : alloc_size(rows * fs * 2));
   }
-  f.symmetric = T * H * 2 + RoutingBufferLayout{cap.max_tokens_per_rank, shape.topk}.bytes() + W * T * H * 2 + W * 4 +
+  const size_t x_row = dtype == DType::e4m3 ? size_t(fp8::record_bytes(shape.hidden)) : H * 2;
+  f.symmetric = T * x_row + RoutingBufferLayout{cap.max_tokens_per_rank, shape.topk}.bytes() + W * T * H * 2 + W * 4 +
                 (training ? W * T * k * sizeof(float) : 0);
   return f;
 }

@@ -9,6 +9,8 @@
 #include <exception>
 
 #include "comet/cuda_check.hpp"
+#include "comet/fp8.hpp"
+#include "kernels/fp8_quantize.hpp"
 #include "kernels/fused_layers.hpp"
 #include "kernels/layer_sync.hpp"
 #include "kernels/local_rows.hpp"
@@ -27,16 +29,16 @@ bool checking_from_env() {
 
 bool aligned(const void* p, size_t to) { return reinterpret_cast<uintptr_t>(p) % to == 0; }
 
-DeviceCaps device_caps(int device) {
+DeviceCaps device_caps(int device, DType layer0_dtype) {
   cudaDeviceProp prop{};
   COMET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   DeviceCaps c;
   c.gpu = prop.name;
   c.sms = prop.multiProcessorCount;
   c.l2_bytes = size_t(prop.l2CacheSize);
-  c.resident_blocks = [](int layer, int tile_n) {
+  c.resident_blocks = [layer0_dtype](int layer, int tile_n) {
     if (layer >= 2) return kernels::grad_layer_limits(layer, tile_n).max_blocks;
-    return (layer == 0 ? kernels::layer0_limits(tile_n) : kernels::layer1_limits(tile_n)).max_blocks;
+    return (layer == 0 ? kernels::layer0_limits(tile_n, layer0_dtype) : kernels::layer1_limits(tile_n)).max_blocks;
   };
   return c;
 }
@@ -69,9 +71,16 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       par_(par),
       cap_(cap),
       options_(options),
-      planner_(shape, par, team.link(), device_caps(team.device()), load_table(options.tune_table),
-               PlannerPolicy{options.adaptive_split, options.batch_invariant}) {
+      planner_(shape, par, team.link(), device_caps(team.device(), options.dtype), load_table(options.tune_table),
+               PlannerPolicy{options.adaptive_split, options.batch_invariant, options.dtype}) {
   validate(shape_, par_);
+  COMET_REQUIRE(options_.dtype == DType::bf16 || options_.dtype == DType::e4m3, "FusedMoe: unknown dtype ",
+                int(options_.dtype));
+  if (options_.dtype == DType::e4m3) {
+    COMET_REQUIRE(!options_.training, "FusedMoe: the fp8 (e4m3) layer 0 has no backward yet; training needs dtype bf16");
+    COMET_REQUIRE(shape_.hidden % fp8::kBlock == 0, "FusedMoe: fp8 (e4m3) needs H a multiple of ", fp8::kBlock,
+                  " (its 1 x 128 scale blocks), got ", shape_.hidden);
+  }
   COMET_REQUIRE(team_.world() == par_.world(), "FusedMoe: the team has ", team_.world(), " ranks but ep x tp = ",
                 par_.ep, " x ", par_.tp, " = ", par_.world());
   COMET_REQUIRE(par_.ep <= 32, "FusedMoe: ep > 32 is not supported (got ", par_.ep, ")");
@@ -85,10 +94,11 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   {
     // Processes that build different layers would size the same buffers alike and read each other
     // wrongly: agree on everything that shapes what peers read, before the first symmetric buffer.
-    const int32_t config[] = {shape_.hidden, shape_.ffn, shape_.num_experts,          shape_.topk,
-                              int32_t(shape_.act), par_.ep, par_.tp, cap_.max_tokens_per_rank, options_.training};
+    const int32_t config[] = {shape_.hidden,        shape_.ffn, shape_.num_experts,          shape_.topk,
+                              int32_t(shape_.act),  par_.ep,    par_.tp, cap_.max_tokens_per_rank, options_.training,
+                              int32_t(options_.dtype)};
     team_.require_agreement(config, sizeof(config),
-                            "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens, training)");
+                            "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens, training, dtype)");
   }
   set_dispatch_store_lag(options_.dispatch_store_lag);
   options_.checking = options_.checking || checking_from_env();
@@ -103,7 +113,9 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
 
   const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
   const size_t row_bytes = size_t(H) * 2;
-  x_sym_ = team_.alloc_symmetric(size_t(T) * row_bytes);
+  // The exported tokens: bf16 rows, or (e4m3) their records; A holds the same rows, and is sized for
+  // bf16 either way since Y [rows][H] bf16 shares its memory.
+  x_sym_ = team_.alloc_symmetric(size_t(T) * token_row_bytes());
   routing_sym_ = team_.alloc_symmetric(RoutingBufferLayout{T, shape_.topk}.bytes());
   recv_sym_ = team_.alloc_symmetric(size_t(W) * T * row_bytes);
   failed_sym_ = team_.alloc_symmetric(size_t(W) * sizeof(int32_t));
@@ -217,13 +229,20 @@ void MoeEngine::set_dispatch_store_lag(int lag) {
   options_.dispatch_store_lag = lag;
 }
 
-void MoeEngine::set_weights(int rank, const void* w0, const void* w1) {
+void MoeEngine::set_weights(int rank, const void* w0, const void* w1, const float* w0_scales) {
   COMET_REQUIRE(w0 || w1, "FusedMoe::set_weights: null weight pointers for rank ", rank);
-  COMET_REQUIRE(aligned(w0, 16) && aligned(w1, 16), "FusedMoe::set_weights: w0 and w1 of rank ", rank,
-                " must be 16-byte aligned (TMA)");
+  COMET_REQUIRE(aligned(w0, 16) && aligned(w1, 16) && aligned(w0_scales, 16), "FusedMoe::set_weights: w0, w1 and ",
+                "w0_scales of rank ", rank, " must be 16-byte aligned (TMA)");
+  const bool fp8 = options_.dtype == DType::e4m3;
+  COMET_REQUIRE(!w0 || fp8 == (w0_scales != nullptr), "FusedMoe::set_weights: rank ", rank,
+                fp8 ? ": an e4m3 w0 needs its block scales (w0_scales)" : ": w0_scales given but the layer is bf16");
   RankState& s = state(rank);
-  if (w0) s.w0 = w0;
+  if (w0) s.w0 = w0, s.w0_scales = w0_scales;
   if (w1) s.w1 = w1;
+}
+
+int MoeEngine::token_row_bytes() const {
+  return options_.dtype == DType::e4m3 ? fp8::record_bytes(shape_.hidden) : shape_.hidden * 2;
 }
 
 void MoeEngine::check_batch(int rank, const RankBatch& b) const {
@@ -263,8 +282,12 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
     COMET_CUDA_CHECK(cudaMemcpyAsync(ids, b.ids, slots * 4, cudaMemcpyDefault, s.stream));
   }
   COMET_CUDA_CHECK(cudaMemcpyAsync(routing + layout.gates_offset(), b.gates, slots * 4, cudaMemcpyDefault, s.stream));
-  COMET_CUDA_CHECK(cudaMemcpyAsync(team_.local_ptr(x_sym_, rank), b.x, size_t(b.tokens) * H * 2, cudaMemcpyDefault,
-                                   s.stream));
+  if (options_.dtype == DType::e4m3) {
+    kernels::quantize_rows_e4m3(b.x, b.tokens, H, team_.local_ptr(x_sym_, rank), s.stream);
+  } else {
+    COMET_CUDA_CHECK(cudaMemcpyAsync(team_.local_ptr(x_sym_, rank), b.x, size_t(b.tokens) * H * 2, cudaMemcpyDefault,
+                                     s.stream));
+  }
 }
 
 void MoeEngine::prepare(int rank) {
@@ -272,7 +295,12 @@ void MoeEngine::prepare(int rank) {
   s.plan.build(team_.peer_ptrs(routing_sym_, rank), s.stream);
   kernels::advance_epoch(s.sync.epoch, s.stream);
   if (s.tokens > 0) {
-    kernels::scatter_local(s.x, s.a, shape_.hidden, shape_.topk, s.tokens * shape_.topk, s.plan.view(), s.stream);
+    // bf16 rows come from the caller's x; records from the exported buffer stage() quantised them into.
+    // scatter_local counts a row in 16-bit units.
+    const bool fp8 = options_.dtype == DType::e4m3;
+    const void* rows = fp8 ? team_.local_ptr(x_sym_, rank) : s.x;
+    kernels::scatter_local(rows, s.a, token_row_bytes() / 2, shape_.topk, s.tokens * shape_.topk, s.plan.view(),
+                           s.stream);
   }
 }
 
@@ -359,7 +387,10 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   s.last[0] = d;
   kernels::Layer0Launch l;
   l.tile_n = d.tile_n;
+  l.dtype = options_.dtype;
+  l.hidden = shape_.hidden;
   l.w0 = s.w0;
+  l.w0_scales = s.w0_scales;
   l.n0 = w0_shard_rows();
   l.experts = par_.local_experts(shape_);
   l.rows_cap = cap_.max_rows_per_rank;
@@ -421,9 +452,10 @@ void MoeEngine::finish(int rank, const RankBatch& b) {
 }
 
 kernels::DispatchArgs MoeEngine::dispatch_args(const RankState& s, void* rows, UnitRange units) const {
+  // hidden: the row length in 16-bit units (a record's bytes / 2 in e4m3; the dispatch moves bytes).
   return kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, s.rank)),
                                static_cast<__nv_bfloat16*>(rows),
-                               shape_.hidden,
+                               token_row_bytes() / 2,
                                shape_.topk,
                                kTileM,
                                s.plan.view(),
@@ -589,7 +621,9 @@ FusedMoe::FusedMoe(Team& team, const MoeShape& shape, const Parallel& par, const
     : engine_(std::make_unique<MoeEngine>(team, shape, par, cap, options)) {}
 FusedMoe::~FusedMoe() = default;
 
-void FusedMoe::set_weights(int rank, const void* w0, const void* w1) { engine_->set_weights(rank, w0, w1); }
+void FusedMoe::set_weights(int rank, const void* w0, const void* w1, const float* w0_scales) {
+  engine_->set_weights(rank, w0, w1, w0_scales);
+}
 
 void FusedMoe::forward(const RankBatch& batch, cudaStream_t stream) {
   const std::vector<int> local = engine_->team().local_ranks();

@@ -38,7 +38,7 @@ class MoeEngine {
   MoeEngine(const MoeEngine&) = delete;
   MoeEngine& operator=(const MoeEngine&) = delete;
 
-  void set_weights(int rank, const void* w0, const void* w1);
+  void set_weights(int rank, const void* w0, const void* w1, const float* w0_scales = nullptr);
 
   // The whole layer for every local rank on the team's streams; batches[i] is team.local_ranks()[i]'s.
   void forward(const std::vector<RankBatch>& batches);
@@ -148,6 +148,8 @@ class MoeEngine {
   void join(cudaStream_t stream);  // `stream` waits for the ranks' streams
   void* alloc(RankState& s, size_t bytes);
   int w0_shard_rows() const;  // N0_s: W0 rows per local expert (2 F_s for swiglu)
+  // Bytes of one token row that the dispatch moves: 2 H in bf16, a record (fp8.hpp) in e4m3.
+  int token_row_bytes() const;
   // The planner's launch for the backward of `layer` (launch id 2 for layer 1, 3 for layer 0).
   void grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
   // out_e = P_e^T Q_e over the plan's expert rows of P [rows_cap][p_cols] and Q [rows_cap][q_cols].

@@ -31,6 +31,7 @@ struct MoeEngine::RankState {
   LaunchDecision last[kLaunchLayers];     // the planner's decision of the last launch per launch id
   const void* w0 = nullptr;
   const void* w1 = nullptr;
+  const float* w0_scales = nullptr;  // MoeOptions::dtype e4m3: W0's 128 x 128 block scales
   const void* x = nullptr;  // the staged batch's tokens (device)
   int tokens = 0;
   // Training (MoeOptions::training): what the backward reads besides A and hid.

@@ -13,7 +13,7 @@ namespace {
 constexpr int kTileM = 128;     // every compiled tile is 128 rows (the plan's tile_m)
 constexpr int kMaxGroup = 1024;  // m_group / n_group: far above any useful value, far below int overflow
 
-bool is_compiled_tile(int layer, int tile_n) { return kernels::is_supported_tile_n(tile_n, layer); }
+bool is_compiled_tile(int layer, int tile_n, DType dtype) { return kernels::is_supported_tile_n(tile_n, layer, dtype); }
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -38,6 +38,7 @@ TuneKey LaunchPlanner::key(int layer, int tokens, int load) const {
   k.link = link_;
   k.tokens_bucket = tokens_bucket(tokens);
   k.load = load;
+  if (layer == 0) k.dtype = to_string(policy_.layer0_dtype);
   return k;
 }
 
@@ -60,7 +61,12 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   static const char* const names[kLaunchLayers] = {"layer 0", "layer 1", "backward of layer 1", "backward of layer 0"};
   COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "launch planner: layer must be 0..3, got ", layer);
   const char* name = names[layer];
-  COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n), "FusedMoe ", name,
+  const DType dtype = layer == 0 ? policy_.layer0_dtype : DType::bf16;
+  if (dtype == DType::e4m3) {
+    COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n, dtype), "FusedMoe ", name,
+                  " in fp8: tile_n must be 128, got ", request.tile_n.value_or(0));
+  }
+  COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n, dtype), "FusedMoe ", name,
                 ": tile_n must be 128", layer == 0 ? ", 192" : "", " or 256, got ", request.tile_n.value_or(0));
   COMET_REQUIRE(!request.n_comm || *request.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0, got ",
                 request.n_comm.value_or(0));
@@ -83,10 +89,11 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
     // Batch-invariant results: the table may pick a different tile per token bucket, and a tile shape
     // can change a row's rounding; the cost model's shape depends on the layer's N alone.
     if (policy_.batch_invariant && !r.tile_n) r.tile_n = model().best_tile_n(work);
+    if (dtype == DType::e4m3) r.tile_n = 128;  // the one fp8 tile (kernels::Fp8Layer0Tiles)
     const TunedVariant t = pick_variant(table_, key(layer, picked_tokens), work, r);
     v = t.variant;
     d.picked_by = t.picked_by;
-    COMET_REQUIRE(is_compiled_tile(layer, v.tile_n), "FusedMoe ", name, ": the tuner's table asks for tile_n ",
+    COMET_REQUIRE(is_compiled_tile(layer, v.tile_n, dtype), "FusedMoe ", name, ": the tuner's table asks for tile_n ",
                   v.tile_n, ", which is not compiled");
     if (!request.n_comm) {
       // The pick must leave compute blocks on this device (a table from another GPU could ask for more);

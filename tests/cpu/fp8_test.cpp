@@ -4,6 +4,7 @@
 
 #include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "comet/common.hpp"
 #include "comet/fp8.hpp"
 #include "comet/reference.hpp"
+#include "comet/weight_layout.hpp"
 #include "harness/moe_problem.hpp"
 
 using namespace comet;
@@ -110,17 +112,15 @@ TEST(Fp8, DotProductErrorStaysWithinTheDerivedBound) {
 
 // The fp8 layer-0 reference: every pre-activation z = w0_e x of every routed row, computed from the
 // quantised tokens and weights, lies within the dot-product bound of the exact one (each factor with the
-// scale of its own block: 1 x 128 for x, 128 x 128 for w0). EP 2, H = 384 (three column blocks), a
-// partial row block of w0 (w0_rows = 2 x 96), top-2 of 4 experts, a rank with no tokens.
+// scale of its own block: 1 x 128 for x, 128 x 128 of the rank's local layout for w0). EP 2, H = 384
+// (three column blocks), a partial row block of w0 (w0_rows = 2 x 96), top-2 of 4 experts, a rank with
+// no tokens.
 TEST(Fp8Reference, Layer0PreActivationsStayWithinTheDotBound) {
   const MoeShape shape{384, 96, 4, 2, Activation::swiglu};
   const Parallel par{2, 1};
   const auto p = comet::testing::MoeProblem::make(shape, par, {37, 0}, comet::testing::RoutingKind::uniform, 5);
-  const reference::Fp8Layer0<float> q = reference::quantize_layer0(shape, p.weights, p.inputs);
-  const int H = shape.hidden, n0 = shape.w0_rows();
-  std::vector<fp8::Quantized> qw;  // each expert's w0, for its blocks' scales
-  for (int e = 0; e < shape.num_experts; ++e)
-    qw.push_back(fp8::quantize_weights(&p.weights.w0[size_t(e) * n0 * H], n0, H));
+  const reference::Fp8Layer0<float> q = reference::quantize_layer0(shape, par, p.weights, p.inputs);
+  const int H = shape.hidden, n0 = shape.w0_rows(), kb = H / fp8::kBlock;
   int checked = 0;
   double worst_fraction = 0;
   for (size_t s = 0; s < p.inputs.size(); ++s) {
@@ -135,7 +135,7 @@ TEST(Fp8Reference, Layer0PreActivationsStayWithinTheDotBound) {
           std::vector<float> sx(H), sw(H);
           double exact = 0, quant = 0;
           for (int i = 0; i < H; ++i) {
-            sx[i] = qx.scale_of(t, i), sw[i] = qw[e].scale_of(n, i);
+            sx[i] = qx.scale_of(t, i), sw[i] = q.w0_scales[(size_t(e) * n0 + n) * kb + i / fp8::kBlock];
             exact += double(w[size_t(n) * H + i]) * in.x[size_t(t) * H + i];
             quant += double(q.weights.w0[size_t(e) * n0 * H + size_t(n) * H + i]) * q.ranks[s].x[size_t(t) * H + i];
           }
@@ -154,6 +154,48 @@ TEST(Fp8Reference, Layer0PreActivationsStayWithinTheDotBound) {
   const double rel = comet::testing::relative_error(f8[0], fp32[0]);
   EXPECT_GT(rel, 1e-4);
   EXPECT_LT(rel, 4 * fp8::kUnitRoundoff);
+}
+
+}  // namespace
+
+namespace {
+
+// The reference quantises w0 in 128 x 128 blocks of each rank's local layout (the GPU's B): with swiglu
+// and TP 2 a local block interleaves gate and up rows, so the blocks are not blocks of the full w0. Each
+// local block must carry one scale, amax / 448 of exactly its own values.
+TEST(Fp8Reference, Layer0WeightBlocksFollowTheLocalLayout) {
+  const MoeShape shape{256, 512, 4, 2, Activation::swiglu};  // F_s = 256: local w0 rows 512, 4 row blocks
+  const Parallel par{2, 2};
+  const auto p = comet::testing::MoeProblem::make(shape, par, {3, 3, 3, 3}, comet::testing::RoutingKind::uniform, 9);
+  const reference::Fp8Layer0<float> q = reference::quantize_layer0(shape, par, p.weights, p.inputs);
+  const int H = shape.hidden, n0 = shape.w0_rows(), kb = H / fp8::kBlock, El = par.local_experts(shape);
+  int blocks = 0, mixed = 0;
+  for (int r = 0; r < par.world(); ++r) {
+    const RankWeightsF32 local = shard_weights_f32(shape, par, r, p.weights.w0, p.weights.w1);
+    for (int e = 0; e < El; ++e) {
+      const int expert = par.ep_index(r) * El + e;
+      for (int b = 0; b * fp8::kBlock < local.w0_rows; ++b)
+        for (int j = 0; j < kb; ++j) {
+          float amax = 0;
+          bool gate = false, up = false;
+          for (int n = b * fp8::kBlock; n < std::min(local.w0_rows, (b + 1) * fp8::kBlock); ++n) {
+            const int full = w0_full_row(shape, par, r, n);
+            (full < shape.ffn ? gate : up) = true;
+            for (int i = j * fp8::kBlock; i < (j + 1) * fp8::kBlock; ++i)
+              amax = std::max(amax, std::fabs(local.w0[(size_t(e) * local.w0_rows + n) * H + i]));
+          }
+          for (int n = b * fp8::kBlock; n < std::min(local.w0_rows, (b + 1) * fp8::kBlock); ++n) {
+            const int full = w0_full_row(shape, par, r, n);
+            ASSERT_EQ(q.w0_scales[(size_t(expert) * n0 + full) * kb + j], amax / fp8::kE4m3Max)
+                << "rank " << r << " expert " << expert << " local row " << n << " column block " << j;
+          }
+          ++blocks;
+          mixed += gate && up;
+        }
+    }
+  }
+  EXPECT_EQ(blocks, par.world() * El * 4 * kb);
+  EXPECT_EQ(mixed, blocks) << "every local swiglu block should hold gate and up rows";
 }
 
 }  // namespace

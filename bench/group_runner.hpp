@@ -64,6 +64,12 @@ class GroupRunner {
   // timed again in rotation; both records take the new times.
   void retime_pair(std::vector<Record>& out, size_t first, const std::string& layer, const TimedCall& comet,
                    const TimedCall& sequential, double flops, const CaseRows& c);
+  // The same for the GEMMs alone: comet's gemm_only record of `layer` and cuBLAS's.
+  void retime_gemm_pair(std::vector<Record>& out, size_t first, const std::string& layer, const TimedCall& comet,
+                        const TimedCall& cublas, double flops, const CaseRows& c);
+  // Re-times records a and b in rotation (--paired) and marks them paired.
+  void retime(Record& a, Record& b, const TimedCall& call_a, const TimedCall& call_b, double flops, bool comm,
+              const CaseRows& c);
   // The backward's records of a case (backward_cases.cpp), after run_case's forward ones: rank 0's
   // staged batch b0. Returns its part of the progress line.
   std::string run_backward(const CaseInput& input, const RankBatch& b0, const CaseRows& c, std::vector<Record>& out);

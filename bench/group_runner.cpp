@@ -37,8 +37,9 @@ uint64_t seed_of(uint64_t seed, const std::string& a, long long b, long long c) 
 
 GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const Layout& layout, Link link,
                          int max_tokens, int max_rows)
-    // The timer's events: --paired times two calls in rotation.
-    : o_(options), model_(model), layout_(layout), link_(link), timer_(2 * options.reps) {
+    // The timer's events: --paired times two calls, or a whole n_comm sweep, in rotation.
+    : o_(options), model_(model), layout_(layout), link_(link),
+      timer_(std::max<int>(2, int(options.n_comm.size())) * options.reps) {
   const MoeShape& s = model.shape;
   const Parallel& p = layout.par;
   const int W = p.world(), H = s.hidden, k = s.topk, el = p.local_experts(s), fs = p.ffn_shard(s);
@@ -331,9 +332,19 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       g.n_comm = 0;
       stamp(g, gemm, flops, false);
       std::map<int, Timing> fused, comm;
-      for (int n : o_.n_comm) {
-        if (n >= limit) continue;
-        fused[n] = time(pre, run(LayerMode::fused, n));
+      std::vector<int> swept;
+      for (int n : o_.n_comm)
+        if (n < limit) swept.push_back(n);
+      if (o_.paired && swept.size() > 1) {
+        // In rotation, so that the sweep's best point (the tuner's table entry) does not depend on
+        // which n_comm ran while the GPU was hotter (it sits at its power cap: clocks drift).
+        std::vector<TimedCall> calls;
+        for (int n : swept) calls.push_back({pre, run(LayerMode::fused, n)});
+        const std::vector<Timing> t = timer_.measure_rotation(team_->stream(0), warmup_, o_.reps, calls,
+                                                              [&] { moe_->sync_and_check(); });
+        for (size_t i = 0; i < swept.size(); ++i) fused[swept[i]] = t[i];
+      } else {
+        for (int n : swept) fused[n] = time(pre, run(LayerMode::fused, n));
       }
       if (fused.empty()) continue;
       int best = fused.begin()->first;

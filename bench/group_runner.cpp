@@ -163,29 +163,28 @@ void GroupRunner::set_timing(Record& r, const Timing& t, double flops, bool comm
   r.link_rows = c.remote;
 }
 
+namespace {
+// The last record of `layer` from out[first...] that `is` accepts, or null.
+template <class Pred>
+Record* find_record(std::vector<Record>& out, size_t first, const std::string& layer, Pred is) {
+  Record* found = nullptr;
+  for (size_t i = first; i < out.size(); ++i)
+    if (out[i].layer == layer && is(out[i])) found = &out[i];
+  return found;
+}
+}  // namespace
+
 void GroupRunner::retime_pair(std::vector<Record>& out, size_t first, const std::string& layer,
                               const TimedCall& comet, const TimedCall& sequential, double flops, const CaseRows& c) {
-  Record* tuned = nullptr;
-  Record* seq = nullptr;
-  for (size_t i = first; i < out.size(); ++i) {
-    Record& r = out[i];
-    if (r.layer != layer) continue;
-    if (r.system == "comet" && r.tuned) tuned = &r;
-    if (r.system == "sequential") seq = &r;
-  }
+  Record* tuned = find_record(out, first, layer, [](const Record& r) { return r.system == "comet" && r.tuned; });
+  Record* seq = find_record(out, first, layer, [](const Record& r) { return r.system == "sequential"; });
   if (tuned && seq) retime(*tuned, *seq, comet, sequential, flops, true, c);
 }
 
 void GroupRunner::retime_gemm_pair(std::vector<Record>& out, size_t first, const std::string& layer,
                                    const TimedCall& comet, const TimedCall& cublas, double flops, const CaseRows& c) {
-  Record* gemm = nullptr;
-  Record* base = nullptr;
-  for (size_t i = first; i < out.size(); ++i) {
-    Record& r = out[i];
-    if (r.layer != layer) continue;
-    if (r.system == "comet" && r.mode == "gemm_only") gemm = &r;
-    if (r.system == "cublas") base = &r;
-  }
+  Record* gemm = find_record(out, first, layer, [](const Record& r) { return r.system == "comet" && r.mode == "gemm_only"; });
+  Record* base = find_record(out, first, layer, [](const Record& r) { return r.system == "cublas"; });
   if (gemm && base) retime(*gemm, *base, comet, cublas, flops, false, c);
 }
 

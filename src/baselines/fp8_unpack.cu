@@ -6,6 +6,7 @@
 #include "baselines/fp8_expert_gemm.hpp"
 #include "comet/cuda_check.hpp"
 #include "comet/fp8.hpp"
+#include "kernels/grid_size.hpp"
 
 namespace comet::baselines {
 namespace {
@@ -64,13 +65,6 @@ __global__ void pad_scales_kernel(const float* __restrict__ src, long long rows,
   }
 }
 
-int grid_for(long long threads_wanted) {
-  int device = 0, sms = 0;
-  COMET_CUDA_CHECK(cudaGetDevice(&device));
-  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const long long blocks = (threads_wanted + kThreads - 1) / kThreads;
-  return int(std::max(1LL, std::min(blocks, 8LL * sms)));
-}
 
 }  // namespace
 
@@ -90,7 +84,7 @@ void unpack_fp8_records(const void* records, int k, const std::vector<Fp8UnpackB
     for (int i = 0; i < batch.count; ++i) batch.block[i] = blocks[first + i];
     batch.first_dst = batch.block[0].dst_row;
     batch.total = batch.block[batch.count - 1].dst_row + batch.block[batch.count - 1].rows_pad - batch.first_dst;
-    unpack_kernel<<<grid_for(32LL * batch.total), kThreads, 0, stream>>>(static_cast<const uint8_t*>(records), k,
+    unpack_kernel<<<kernels::grid_for(32LL * batch.total, kThreads), kThreads, 0, stream>>>(static_cast<const uint8_t*>(records), k,
                                                                           batch, static_cast<uint8_t*>(codes), scales);
     COMET_CUDA_CHECK_LAUNCH();
   }
@@ -101,7 +95,7 @@ void pad_fp8_weight_scales(const float* src, int experts, int row_blocks, int co
   const long long rows = (long long)experts * row_blocks;
   const int cols4 = (col_blocks + 3) / 4 * 4;
   if (rows <= 0 || col_blocks <= 0) return;
-  pad_scales_kernel<<<grid_for(rows * cols4), kThreads, 0, stream>>>(src, rows, col_blocks, cols4, dst);
+  pad_scales_kernel<<<kernels::grid_for(rows * cols4, kThreads), kThreads, 0, stream>>>(src, rows, col_blocks, cols4, dst);
   COMET_CUDA_CHECK_LAUNCH();
 }
 

@@ -74,39 +74,36 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
 
   if (warp_group == 0) {
     cutlass::arch::warpgroup_reg_dealloc<40>();
+    // A producer warp's walk over this block's tiles: the tile's wait, then load_tiles(state, coord,
+    // k_iter, k_tiles) fills its stages. Returns the pipeline state after the last tile.
+    auto walk_tiles = [&](auto&& load_tiles) {
+      auto write_state = cutlass::make_producer_start_state<Pipeline>();
+      Tensor gA = get<0>(load_inputs);
+      for (int w = compute_index; w < n_work; w += n_compute) {
+        const TileCoord tile = schedule.at(w);
+        const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
+        if (tile_k == 0) continue;
+        hooks.before_load(tile, lane);
+        auto k_iter = make_coord_iterator(idx2crd(tile.k_begin, shape<3>(gA)), shape<3>(gA));
+        const int l = tile.batch >= 0 ? tile.batch : tile.expert;
+        load_tiles(write_state, make_coord(tile.m_block, tile.n_block, _, l), k_iter, tile_k);
+        write_state.advance(tile_k);
+      }
+      return write_state;
+    };
     if constexpr (Cfg::kScaleWarp) {
       if (scale_warp) {
-        auto write_state = cutlass::make_producer_start_state<Pipeline>();
-        Tensor gA = get<0>(load_inputs);
-        for (int w = compute_index; w < n_work; w += n_compute) {
-          const TileCoord tile = schedule.at(w);
-          const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
-          if (tile_k == 0) continue;
-          hooks.before_load(tile, lane);
-          auto k_iter = make_coord_iterator(idx2crd(tile.k_begin, shape<3>(gA)), shape<3>(gA));
-          const int l = tile.batch >= 0 ? tile.batch : tile.expert;
-          mainloop.load_auxiliary(mp, pipeline, write_state, load_inputs, make_coord(tile.m_block, tile.n_block, _, l),
-                                  k_iter, tile_k, lane, 0u, storage.tensors);
-          write_state.advance(tile_k);
-        }
+        walk_tiles([&](auto& state, auto coord, auto k_iter, int tile_k) {
+          mainloop.load_auxiliary(mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, 0u, storage.tensors);
+        });
         return;
       }
     }
     if (warp_in_group != 0) return;
     if (lane == 0) Mainloop::prefetch_tma_descriptors(mp);
-    auto write_state = cutlass::make_producer_start_state<Pipeline>();
-    Tensor gA = get<0>(load_inputs);
-    for (int w = compute_index; w < n_work; w += n_compute) {
-      const TileCoord tile = schedule.at(w);
-      const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
-      if (tile_k == 0) continue;
-      hooks.before_load(tile, lane);
-      auto k_iter = make_coord_iterator(idx2crd(tile.k_begin, shape<3>(gA)), shape<3>(gA));
-      const int l = tile.batch >= 0 ? tile.batch : tile.expert;
-      mainloop.load(mp, pipeline, write_state, load_inputs, make_coord(tile.m_block, tile.n_block, _, l), k_iter,
-                    tile_k, lane, 0u, storage.tensors);
-      write_state.advance(tile_k);
-    }
+    const auto write_state = walk_tiles([&](auto& state, auto coord, auto k_iter, int tile_k) {
+      mainloop.load(mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, 0u, storage.tensors);
+    });
     mainloop.load_tail(pipeline, write_state);
   } else {
     cutlass::arch::warpgroup_reg_alloc<232>();

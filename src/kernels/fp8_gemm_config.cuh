@@ -100,16 +100,10 @@ struct Fp8GemmConfig {
   // over L as in GemmConfig (its scales' layout already has L stride 0).
   CUTE_DEVICE static auto load_inputs(const MainloopParams& p, int m, int n, int k, int experts) {
     using namespace cute;
-    using X = Underscore;
-    Tensor mA1 = p.tma_load_a.get_tma_tensor(make_shape(m, k, 1));
-    Tensor mA = make_tensor(mA1.data(), make_layout(make_shape(m, k, experts),
-                                                    make_stride(get<0>(mA1.stride()), get<1>(mA1.stride()), Int<0>{})));
-    Tensor mB = p.tma_load_b.get_tma_tensor(make_shape(n, k, experts));
-    Tensor gA = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BM,BK,m,k,l)
-    Tensor gB = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});  // (BN,BK,n,k,l)
+    auto ab = tiled_ab_views<TileShape>(p, m, n, k, experts);
     Tensor mSFA = make_tensor(make_gmem_ptr(p.ptr_SFA), p.layout_SFA);
     Tensor mSFB = make_tensor(make_gmem_ptr(p.ptr_SFB), p.layout_SFB);
-    return make_tuple(gA, gB, mSFA, mSFB);
+    return make_tuple(get<0>(ab), get<1>(ab), mSFA, mSFB);
   }
 };
 

@@ -19,6 +19,7 @@
 
 #include "comet/cuda_check.hpp"
 #include "comet/fp8.hpp"
+#include "kernels/grid_size.hpp"
 
 namespace comet::kernels {
 namespace {
@@ -151,13 +152,6 @@ __global__ void __launch_bounds__(kThreads) quantize_weights_kernel(const uint4*
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-int grid_for(long long threads_wanted) {
-  int device = 0, sms = 0;
-  COMET_CUDA_CHECK(cudaGetDevice(&device));
-  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const long long blocks = (threads_wanted + kThreads - 1) / kThreads;
-  return int(std::max(1LL, std::min(blocks, 8LL * sms)));
-}
 
 }  // namespace
 
@@ -169,7 +163,7 @@ void quantize_rows_e4m3(const void* x_bf16, int rows, int hidden, void* records,
   if (rows == 0) return;
   COMET_REQUIRE(x_bf16 != nullptr && records != nullptr, "quantize_rows_e4m3: null pointer");
   const long long tasks = (long long)rows * (hidden / fp8::kBlock);
-  quantize_rows_kernel<<<grid_for(tasks * 16), kThreads, 0, stream>>>(static_cast<const uint4*>(x_bf16), rows, hidden,
+  quantize_rows_kernel<<<grid_for(tasks * 16, kThreads), kThreads, 0, stream>>>(static_cast<const uint4*>(x_bf16), rows, hidden,
                                                                       static_cast<uint8_t*>(records));
   COMET_CUDA_CHECK_LAUNCH();
 }
@@ -185,7 +179,7 @@ void quantize_weights_e4m3(const void* w_bf16, int mats, int rows, int cols, voi
   COMET_REQUIRE(w_bf16 != nullptr && codes != nullptr && scales != nullptr, "quantize_weights_e4m3: null pointer");
   const long long n_blocks =
       (long long)mats * ((rows + fp8::kBlock - 1) / fp8::kBlock) * (cols / fp8::kBlock);
-  quantize_weights_kernel<<<grid_for(n_blocks * kThreads), kThreads, 0, stream>>>(
+  quantize_weights_kernel<<<grid_for(n_blocks * kThreads, kThreads), kThreads, 0, stream>>>(
       static_cast<const uint4*>(w_bf16), mats, rows, cols, static_cast<uint8_t*>(codes), scales);
   COMET_CUDA_CHECK_LAUNCH();
 }

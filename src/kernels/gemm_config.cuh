@@ -35,6 +35,22 @@ constexpr int kEpilogueCols = 64;      // columns staged at a time
 constexpr int kEpiloguePitch = 144;    // bytes per staged row: 128 + 16, so 8 rows hit 8 different bank groups
 constexpr int kEpilogueStagingBytes = kEpilogueWarps * kEpilogueRows * kEpiloguePitch;
 
+// Device: the tiled TMA views (gA (BM,BK,m,k,l), gB (BN,BK,n,k,l)) that a collective's load() expects,
+// A broadcast over L (stride 0: the tile's expert selects only B), shared by GemmConfig and
+// Fp8GemmConfig.
+template <class TileShape, class Params>
+CUTE_DEVICE auto tiled_ab_views(const Params& p, int m, int n, int k, int experts) {
+  using namespace cute;
+  using X = Underscore;
+  Tensor mA1 = p.tma_load_a.get_tma_tensor(make_shape(m, k, 1));
+  Tensor mA = make_tensor(mA1.data(), make_layout(make_shape(m, k, experts),
+                                                  make_stride(get<0>(mA1.stride()), get<1>(mA1.stride()), Int<0>{})));
+  Tensor mB = p.tma_load_b.get_tma_tensor(make_shape(n, k, experts));
+  Tensor gA = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
+  Tensor gB = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
+  return make_tuple(gA, gB);
+}
+
 template <int TileM_, int TileN_, Major AMajor_ = Major::k, Major BMajor_ = Major::k>
 struct GemmConfig {
   static constexpr int TileM = TileM_;
@@ -106,15 +122,7 @@ struct GemmConfig {
 
   // Device: the (gA_mkl, gB_nkl) tuple the collective's load() expects, A broadcast over L.
   CUTE_DEVICE static auto load_inputs(const MainloopParams& p, int m, int n, int k, int experts) {
-    using namespace cute;
-    using X = Underscore;
-    Tensor mA1 = p.tma_load_a.get_tma_tensor(make_shape(m, k, 1));
-    Tensor mA = make_tensor(mA1.data(), make_layout(make_shape(m, k, experts),
-                                                    make_stride(get<0>(mA1.stride()), get<1>(mA1.stride()), Int<0>{})));
-    Tensor mB = p.tma_load_b.get_tma_tensor(make_shape(n, k, experts));
-    Tensor gA = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});  // (BM,BK,m,k,l)
-    Tensor gB = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});  // (BN,BK,n,k,l)
-    return make_tuple(gA, gB);
+    return tiled_ab_views<TileShape>(p, m, n, k, experts);
   }
 };
 

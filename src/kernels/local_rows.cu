@@ -13,6 +13,7 @@
 
 #include "comet/cuda_check.hpp"
 #include "kernels/bf16x8.cuh"
+#include "kernels/grid_size.hpp"
 
 namespace comet::kernels {
 namespace {
@@ -73,14 +74,6 @@ __global__ void narrow_ids_kernel(const int64_t* src, int32_t* dst, size_t n) {
     const int64_t id = src[i];
     dst[i] = id >= INT32_MIN && id <= INT32_MAX ? int32_t(id) : -1;
   }
-}
-
-int grid_for(long long work, int threads) {
-  int device = 0, sms = 0;
-  COMET_CUDA_CHECK(cudaGetDevice(&device));
-  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const long long blocks = (work + threads - 1) / threads;
-  return int(blocks < 1 ? 1 : (blocks > 8LL * sms ? 8LL * sms : blocks));
 }
 
 }  // namespace

@@ -122,6 +122,8 @@ TuneKey key_of(const json& r, int sms) {
   k.tp = r.value("tp", 1);
   k.link = parse_link(r.value("link", "host"));
   k.tokens_bucket = tokens_bucket(r.value("tokens_per_rank", 0));
+  // Layer 0's inputs (comet-bench --dtype): e4m3 entries are keys of their own; layer 1 is bf16 either way.
+  if (k.layer == 0) k.dtype = r.value("dtype", "bf16");
   // The load class of the rows rank 0 counted (records without them: uniform).
   const int tokens = r.value("tokens_per_rank", 0);
   if (r.contains("rows") && r["rows"].is_number() && tokens > 0)
@@ -214,8 +216,9 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
                               std::to_string(r.value("tokens_per_rank", 0))][tile_n] = r;
     if (r.value("tile_run_only", false)) continue;  // --tile-runs: the tile-shape fit only
     // The cost model is calibrated on the forward's layers (the backward's launches get table entries
-    // from their sweeps, and the model's rates where they have none).
-    const bool calibrates = launch_of(r) < 2;
+    // from their sweeps, and the model's rates where they have none), and on bf16 runs only (the model
+    // has one GEMM rate, bf16's; e4m3 sweeps give table entries).
+    const bool calibrates = launch_of(r) < 2 && r.value("dtype", "bf16") == "bf16";
     if (calibrates && mode == "gemm_only" && tile_n == 256 && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
     if (calibrates && mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {

@@ -558,6 +558,9 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     if (FWD)
       retime_pair(out, case_begin, "fwd", {nullptr, [&] { comet_forward(r0, r1); }}, {nullptr, seq_forward},
                   flops0 + flops1, case_rows);
+    line += " | paired";
+  }
+  if (o_.paired && want_comet && want_cublas) {
     // The GEMMs alone, each against cuBLAS's (the faster path, as its record ran). A complete A and
     // valid hidden rows are still in place from the sweeps' last runs; their values do not matter.
     if (L0)
@@ -566,7 +569,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     if (L1)
       retime_gemm_pair(out, case_begin, "l1", {nullptr, [&] { moe.layer1(0, LayerMode::gemm_only, variant(tn, 0)); }},
                        {nullptr, [&] { seq.gemm1(0); }}, flops1, case_rows);
-    line += " | paired";
+    if (!want_seq) line += " | paired";
   }
   if (o_.has_backward()) line += run_backward(in, b0, case_rows, out);
   std::fprintf(stderr, "   %s\n", line.c_str());

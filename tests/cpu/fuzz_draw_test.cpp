@@ -29,6 +29,7 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   std::set<int> worlds, topks_equal_e;
   bool tp = false, ep_tp = false, top1 = false, top8 = false, k_is_e = false, host = false, device = false;
   bool tight = false, training = false, forced = false, tuned = false, odd_h = false, gelu = false, silu = false;
+  int fp8 = 0, fp8_ep_tp = 0, fp8_host = 0;
   for (uint64_t seed = 1; seed <= 3000; ++seed) {
     const Family f = draw_family(seed);
     const MoeShape& s = f.shape;
@@ -51,7 +52,19 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
     odd_h |= s.hidden % 64 != 0;
     gelu |= s.act == Activation::gelu;
     silu |= s.act == Activation::silu;
+    if (f.options.dtype == DType::e4m3) {
+      // What the fp8 layer can run: forward only, H in 128-wide scale blocks, its one tile.
+      ASSERT_FALSE(f.options.training) << describe(f);
+      ASSERT_EQ(s.hidden % 128, 0) << describe(f);
+      ASSERT_TRUE(!f.options.layer0.tile_n || *f.options.layer0.tile_n == 128) << describe(f);
+      ++fp8;
+      fp8_ep_tp += f.par.tp > 1 && f.par.ep > 1;
+      fp8_host += f.link == Link::host;
+    }
   }
+  EXPECT_GT(fp8, 100);
+  EXPECT_GT(fp8_ep_tp, 5);
+  EXPECT_GT(fp8_host, 20);
   EXPECT_EQ(worlds, (std::set<int>{1, 2, 4, 8}));
   EXPECT_TRUE(tp && ep_tp && top1 && top8 && k_is_e && host && device && tight && training && forced && tuned && odd_h &&
               gelu && silu);

@@ -88,6 +88,14 @@ Family draw_family(uint64_t seed) {
     o.dispatch_store_lag = pick<int>(rng, {1, 2, 4, 8});
     o.training = chance(rng, 0.4);
     f.grad_type = chance(rng, 0.5) ? GradType::f32 : GradType::bf16;
+    // fp8 layer 0 (forward only, H a multiple of 128, its one tile) in about a quarter of the families
+    // that can have it, drawn from a stream of its own so that the draws above, and so every seed's
+    // family from before fp8 existed, stay as they were.
+    auto fp8_rng = generator(seed, ~uint64_t(0));
+    if (!o.training && s.hidden % 128 == 0 && chance(fp8_rng, 0.25)) {
+      o.dtype = DType::e4m3;
+      if (o.layer0.tile_n) o.layer0.tile_n = 128;
+    }
     return f;
   }
 }
@@ -193,7 +201,8 @@ std::string describe(const Family& f) {
      << ", layer 0 " << describe(f.options.layer0) << ", layer 1 " << describe(f.options.layer1)
      << (f.options.adaptive_split ? ", adaptive" : "") << (f.options.batch_invariant ? ", batch-invariant" : "")
      << ", store lag " << f.options.dispatch_store_lag
-     << (f.options.training ? (f.grad_type == GradType::f32 ? ", training (f32 grads)" : ", training (bf16 grads)") : "");
+     << (f.options.training ? (f.grad_type == GradType::f32 ? ", training (f32 grads)" : ", training (bf16 grads)") : "")
+     << (f.options.dtype == DType::e4m3 ? ", fp8 layer 0" : "");
   return os.str();
 }
 

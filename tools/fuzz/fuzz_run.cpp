@@ -9,6 +9,7 @@
 #include "comet/weight_layout.hpp"
 #include "harness/layer_compare.hpp"
 #include "harness/moe_problem.hpp"
+#include "kernels/fp8_quantize.hpp"
 #include "ops/moe_engine.hpp"
 
 namespace comet::fuzz {
@@ -17,6 +18,7 @@ using testing::DeviceBuffer;
 
 struct FamilyRun::RankBuffers {
   DeviceBuffer w0, w1;                    // this rank's shard, kernel layout
+  DeviceBuffer w0_codes, w0_scales;       // fp8 families: w0 quantised (e4m3 codes, 128 x 128 scales)
   DeviceBuffer x, ids, gates, out;        // sized for max_tokens + 1 (the over-capacity fault)
   DeviceBuffer dout, dx, dgates, dw0, dw1;
 };
@@ -62,7 +64,16 @@ FamilyRun::FamilyRun(const Family& family, double timeout_s) : f_(family) {
       b->dw0 = DeviceBuffer(w.w0.size() * gbytes);
       b->dw1 = DeviceBuffer(w.w1.size() * gbytes);
     }
-    fused_->set_weights(r, b->w0.get(), b->w1.get());
+    if (f_.options.dtype == DType::e4m3) {
+      const int El = par.local_experts(s), rows = w.w0_rows;
+      b->w0_codes = DeviceBuffer(size_t(El) * rows * H);
+      b->w0_scales = DeviceBuffer(size_t(El) * ((rows + 127) / 128) * (H / 128) * 4);
+      kernels::quantize_weights_e4m3(b->w0.get(), El, rows, H, b->w0_codes.get(), b->w0_scales.as<float>(), nullptr);
+      COMET_CUDA_CHECK(cudaDeviceSynchronize());
+      fused_->set_weights(r, b->w0_codes.get(), b->w1.get(), b->w0_scales.as<float>());
+    } else {
+      fused_->set_weights(r, b->w0.get(), b->w1.get());
+    }
     ranks_.push_back(std::move(b));
   }
 }
@@ -191,7 +202,10 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
     o.mismatch = bad.str();
     return o;
   }
-  bad << testing::compare_outputs(s, reference::forward(s, par, weights_, inputs), got);
+  // The fp8 oracle quantises x and w0 as the layer does (reference::forward_fp8).
+  const bool fp8 = f_.options.dtype == DType::e4m3;
+  bad << testing::compare_outputs(s, fp8 ? reference::forward_fp8(s, par, weights_, inputs)
+                                         : reference::forward(s, par, weights_, inputs), got);
   if (backward) {
     o.checked_backward = true;
     const int El = par.local_experts(s), Fs = par.ffn_shard(s), n0 = s.w0_rows() / par.tp;

@@ -32,6 +32,9 @@ TEST_P(FuzzRegression, EveryBatchIsRight) {
 
 INSTANTIATE_TEST_SUITE_P(Seeds, FuzzRegression,
                          ::testing::Values(Seed{1, 8, ""}, Seed{2, 8, ""}, Seed{3, 8, ""}, Seed{4, 8, ""},
+                                           // fp8 layer 0 samples (3 is one too since fp8 families were
+                                           // added): EP 8 with a forced sequential mode, one rank alone
+                                           Seed{8, 8, ""}, Seed{30, 8, ""},
                                            // a training layer with a forced layer-0 tile of 192 threw in
                                            // its backward (no 192-wide backward kernel), 94fc476
                                            Seed{25, 1, "backward"}, Seed{95, 1, "backward"},

@@ -7,7 +7,13 @@ Parameters (state_dict), for the L ranks this process drives (L = 1 under torchr
   w1     [L, E_l, H, F_s]  bf16  each rank's down shard
   router.weight [E, H]           (router=True) replicated; logits in fp32
   shared.* (shared_ffn > 0)      a dense SwiGLU MLP every token goes through, replicated
-load_experts() / load_linear_experts() fill w0 / w1 from the usual checkpoint layouts; experts() gives
+With dtype=torch.float8_e4m3fn (an fp8 layer 0, forward only):
+  w0        [L, E_l, N0_s, H] float8_e4m3fn   the same shards as e4m3 codes (requires_grad=False)
+  w0_scale  [L, E_l, ceil(N0_s / 128), H / 128] fp32   their scales, one per 128 x 128 block of each
+                                 local expert's [N0_s, H] (requires_grad=False)
+  w1, router, shared expert: bf16 as above.
+load_experts() / load_linear_experts() fill w0 / w1 from the usual checkpoint layouts (an fp8 layer
+quantises each rank's w0 shard on the GPU), load_fp8_w0() takes pre-quantised shards; experts() gives
 them back (all ranks local only).
 """
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import weights as W
-from .ops import FusedMoE
+from .ops import FP8_BLOCK, FusedMoE, quantize_weights_e4m3, stacked
 from .team import Team
 
 
@@ -61,8 +67,8 @@ class MoELayer(nn.Module):
     Device memory: see comet.FusedMoE (``self.engine.device_bytes_per_rank``; max_rows / load_factor size
     the gathered buffers for the load you expect). ``close()`` gives the memory back before the layer goes.
 
-    Training (training=True, the default): autograd fills w0.grad and w1.grad, the inputs' gradients and
-    the gate weights' (so the router, or the caller's routing, trains through them). A backward pairs
+    Training (training=True, the default for bf16): autograd fills w0.grad and w1.grad, the inputs'
+    gradients and the gate weights' (so the router, or the caller's routing, trains through them). A backward pairs
     with the layer's last forward: run it before the layer's next forward (comet.ops).
     Saved bytes: the training buffers are sized by max_rows (rows of each rank's gathered buffer; a token
     takes k of them, on the ranks of its experts): per row, 2 N0_s bytes of layer-0 pre-activations
@@ -70,6 +76,19 @@ class MoELayer(nn.Module):
     backward's D rows; else they live in a forward buffer). Per token under EP with swiglu: about
     k (6 F + 2 H) bytes, 2 x 92.4 KiB for Mixtral-8x7B (H 4096, F 14336).
     training=False (inference) does without them; its backward raises.
+
+    fp8 (dtype=torch.float8_e4m3fn; issue 17): layer 0's GEMM runs in e4m3 with fp32 accumulation. The
+    tokens stay bf16 in and out: each rank quantises its own tokens inside the layer, once per forward,
+    with one fp32 scale per token and 128 columns (1 x 128 blocks, s = amax / 448, e4m3 round to nearest
+    even), and the comm blocks move those fp8 rows. W0 is held as e4m3 codes (w0) with one fp32 scale per
+    128 x 128 block of each local expert's [N0_s, H] (w0_scale), blocks of the local layout (with SwiGLU
+    they hold interleaved gate and up rows), so the weights are quantised after sharding: load_experts()
+    and reset_parameters() quantise bf16 shards on the GPU, load_fp8_w0() takes codes and scales made
+    that way. Layer 1 (w1), the hidden rows and the output stay bf16, as do the router and the shared
+    expert. H must be a multiple of 128. Forward only: training defaults to False and training=True is
+    refused; a backward through the layer raises (run it under torch.no_grad() or
+    torch.inference_mode(), which torch.compile needs too). Do not cast the layer (.to(dtype), .half()):
+    that would turn the codes into values; .to(device) is the team's business.
     """
 
     def __init__(self, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
@@ -78,25 +97,46 @@ class MoELayer(nn.Module):
                  shared_ffn: int = 0,
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
-                 training: bool = True):
+                 training: Optional[bool] = None):
         super().__init__()
-        if dtype != torch.bfloat16:
-            raise TypeError(f"MoELayer: the expert kernels run bf16 (fp8 later), got dtype {dtype}")
+        if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
+            raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "
+                            f"only), got {dtype}")
+        fp8 = dtype == torch.float8_e4m3fn
+        if training is None:  # bf16 layers train by default; fp8 ones cannot
+            training = not fp8
+        if fp8 and training:
+            raise ValueError("MoELayer: fp8 (dtype=torch.float8_e4m3fn) is forward-only for now: build it with "
+                             "training=False (the default for fp8), or with dtype=torch.bfloat16 to train")
+        if fp8 and hidden_size % FP8_BLOCK:
+            raise ValueError(f"MoELayer: fp8 needs hidden_size a multiple of {FP8_BLOCK} (its scale blocks), "
+                             f"got {hidden_size}")
         self.team = team or Team.local(1)
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,
                                max_tokens=max_tokens, max_rows=max_rows, load_factor=load_factor,
                                tile_n=tile_n, n_comm=n_comm,
                                adaptive_split=adaptive_split, batch_invariant=batch_invariant,
-                               checking=checking, training=training)
+                               checking=checking, training=training, dtype="e4m3" if fp8 else "bf16")
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
+        self.expert_dtype, self.fp8 = dtype, fp8
         e = self.engine
         L = len(e.local_ranks)
-        self.w0 = nn.Parameter(torch.empty(L, e.local_experts, e.w0_rows, hidden_size, dtype=dtype, device=device))
-        self.w1 = nn.Parameter(torch.empty(L, e.local_experts, hidden_size, e.ffn_shard, dtype=dtype, device=device))
-        self.router = nn.Linear(hidden_size, num_experts, bias=False, dtype=dtype, device=device) if router else None
-        self.shared = SharedExpert(hidden_size, shared_ffn, dtype, device) if shared_ffn > 0 else None
+        bf16 = torch.bfloat16
+        # fp8: codes and scales are Parameters without grad (as vLLM / transformers hold fp8 weights): the
+        # state_dict keys stay w0 / w1 (+ w0_scale), layer.w0 is a Parameter whatever the dtype, .to(device)
+        # moves the scales with the codes, and optimizers skip them (no grad).
+        self.w0 = nn.Parameter(torch.empty(L, e.local_experts, e.w0_rows, hidden_size, dtype=dtype, device=device),
+                               requires_grad=not fp8)
+        if fp8:
+            self.w0_scale = nn.Parameter(torch.empty(e.spec.w0_scale_shape, dtype=torch.float32, device=device),
+                                         requires_grad=False)
+        else:
+            self.register_parameter("w0_scale", None)
+        self.w1 = nn.Parameter(torch.empty(L, e.local_experts, hidden_size, e.ffn_shard, dtype=bf16, device=device))
+        self.router = nn.Linear(hidden_size, num_experts, bias=False, dtype=bf16, device=device) if router else None
+        self.shared = SharedExpert(hidden_size, shared_ffn, bf16, device) if shared_ffn > 0 else None
         self.reset_parameters()
 
     def close(self) -> None:
@@ -106,9 +146,23 @@ class MoELayer(nn.Module):
 
     def reset_parameters(self) -> None:
         # nn.Linear's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)).
+        # fp8: the same bf16 draw (the same values as a bf16 layer's from the same seed), quantised.
         with torch.no_grad():
-            self.w0.uniform_(-1 / math.sqrt(self.hidden_size), 1 / math.sqrt(self.hidden_size))
+            bound = 1 / math.sqrt(self.hidden_size)
+            if self.fp8:
+                w0 = torch.empty(self.w0.shape, dtype=torch.bfloat16, device=self.w0.device).uniform_(-bound, bound)
+                for i in range(w0.shape[0]):
+                    self._quantize_w0(i, w0[i])
+            else:
+                self.w0.uniform_(-bound, bound)
             self.w1.uniform_(-1 / math.sqrt(self.ffn_size), 1 / math.sqrt(self.ffn_size))
+
+    def _quantize_w0(self, i: int, w0: torch.Tensor) -> None:
+        """Local rank i's w0 from its bf16 shard [E_l, N0_s, H]: e4m3 codes and 128 x 128 block scales, made on
+        the GPU on the current stream (comet.ops.quantize_weights_e4m3)."""
+        codes, scales = quantize_weights_e4m3(w0.to(device=self.w0.device, dtype=torch.bfloat16))
+        self.w0[i].copy_(codes)
+        self.w0_scale[i].copy_(scales)
 
     # ---- weights from and to checkpoint layouts ---------------------------------------------------------
     @property
@@ -117,7 +171,8 @@ class MoELayer(nn.Module):
 
     def load_experts(self, gate_up_proj: torch.Tensor, down_proj: torch.Tensor) -> None:
         """From the fused layout: gate_up_proj [E, 2F, H] (gate rows, then up rows; [E, F, H] ungated) and
-        down_proj [E, H, F]. Each local rank keeps its shard."""
+        down_proj [E, H, F]. Each local rank keeps its shard. An fp8 layer quantises each rank's w0 shard
+        (as bf16: give bf16 weights, fp32 ones are rounded to bf16 first) on the GPU into w0 / w0_scale."""
         want0 = (self.num_experts, (2 if self.gated else 1) * self.ffn_size, self.hidden_size)
         want1 = (self.num_experts, self.hidden_size, self.ffn_size)
         if tuple(gate_up_proj.shape) != want0:
@@ -127,8 +182,40 @@ class MoELayer(nn.Module):
         t = self.team
         with torch.no_grad():
             for i, rank in enumerate(self.engine.local_ranks):
-                self.w0[i].copy_(W.shard_w0(gate_up_proj, gated=self.gated, ep=t.ep, tp=t.tp, rank=rank))
+                w0 = W.shard_w0(gate_up_proj, gated=self.gated, ep=t.ep, tp=t.tp, rank=rank)
+                if self.fp8:
+                    self._quantize_w0(i, w0)
+                else:
+                    self.w0[i].copy_(w0)
                 self.w1[i].copy_(W.shard_w1(down_proj, ep=t.ep, tp=t.tp, rank=rank))
+
+    def load_fp8_w0(self, codes, scales) -> None:
+        """An fp8 layer's w0 as given, pre-quantised: codes torch.float8_e4m3fn [L, E_l, N0_s, H] and scales
+        fp32 [L, E_l, ceil(N0_s / 128), H / 128] (one rank's without the L, or lists of one per local rank),
+        in each rank's LOCAL layout (comet.weights.shard_w0; the blocks are 128 x 128 blocks of each local
+        expert's [N0_s, H], e.g. comet.ops.quantize_weights_e4m3 of the shard). Copied into w0 / w0_scale."""
+        if not self.fp8:
+            raise TypeError("MoELayer.load_fp8_w0: this layer is bf16; build it with dtype=torch.float8_e4m3fn "
+                            "for fp8 weights (load_experts takes bf16 ones)")
+        L = self.w0.shape[0]
+        for name, t, dtype in (("codes", codes, torch.float8_e4m3fn), ("scales", scales, torch.float32)):
+            if not isinstance(t, torch.Tensor) and not (isinstance(t, (list, tuple))
+                                                        and all(isinstance(v, torch.Tensor) for v in t)):
+                raise TypeError(f"MoELayer.load_fp8_w0: {name}: expected a torch.Tensor (or one per local rank), got "
+                                f"{type(t).__name__}")
+            dtypes = {v.dtype for v in ([t] if isinstance(t, torch.Tensor) else t)}
+            if dtypes != {dtype}:
+                raise TypeError(f"MoELayer.load_fp8_w0: {name}: dtype {', '.join(sorted(map(str, dtypes)))}, "
+                                f"expected {dtype}")
+        codes, scales = stacked(codes, "codes", L), stacked(scales, "scales", L)
+        for name, t, want in (("codes", codes, self.w0.shape), ("scales", scales, self.w0_scale.shape)):
+            if t.shape != want:
+                raise ValueError(f"MoELayer.load_fp8_w0: {name}: shape {tuple(t.shape)}, expected {tuple(want)} "
+                                 "([L, E_l, N0_s, H] codes and [L, E_l, ceil(N0_s / 128), H / 128] scales, each "
+                                 "rank's w0 in comet's local layout)")
+        with torch.no_grad():
+            self.w0.copy_(codes)
+            self.w0_scale.copy_(scales)
 
     def load_linear_experts(self, w1: Sequence[torch.Tensor], w3: Optional[Sequence[torch.Tensor]],
                             w2: Sequence[torch.Tensor]) -> None:
@@ -138,12 +225,17 @@ class MoELayer(nn.Module):
         self.load_experts(gate_up, down)
 
     def experts(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(gate_up_proj, down_proj) in the full layout; needs every rank local (a local team)."""
+        """(gate_up_proj, down_proj) in the full layout; needs every rank local (a local team). An fp8
+        layer's gate_up_proj is its w0 dequantised (codes times block scales, exact in fp32) and rounded to
+        bf16."""
         t = self.team
         if len(self.engine.local_ranks) != t.world:
             raise RuntimeError("MoELayer.experts: this process holds only its own shard; gather the shards "
                                "(comet.weights.unshard_w0 / unshard_w1) across ranks")
-        return (W.unshard_w0(list(self.w0.detach()), gated=self.gated, ep=t.ep, tp=t.tp),
+        w0 = self.w0.detach()
+        if self.fp8:
+            w0 = W.dequantize_weights_e4m3(w0, self.w0_scale.detach()).to(torch.bfloat16)
+        return (W.unshard_w0(list(w0), gated=self.gated, ep=t.ep, tp=t.tp),
                 W.unshard_w1(list(self.w1.detach()), ep=t.ep, tp=t.tp))
 
     # ---- forward -------------------------------------------------------------------------------------------
@@ -172,7 +264,7 @@ class MoELayer(nn.Module):
             k = self.top_k
             ids = [i if i.dim() == 2 else i.reshape(-1, k) for i in ids]
             gates = [g if g.dim() == 2 else g.reshape(-1, k) for g in gates]
-        out = self.engine(xs, ids, gates, self.w0, self.w1)
+        out = self.engine(xs, ids, gates, self.w0, self.w1, self.w0_scale)
         if self.shared is not None:
             out = [o + self.shared(x) for o, x in zip(out, xs)]
         out = [o if o.shape == s else o.reshape(s) for o, s in zip(out, shapes)]
@@ -180,6 +272,7 @@ class MoELayer(nn.Module):
 
     def extra_repr(self) -> str:
         t = self.team
+        fp8 = "dtype=e4m3 (fp8 layer 0), " if self.fp8 else ""
         return (f"hidden={self.hidden_size}, ffn={self.ffn_size}, experts={self.num_experts}, top_k={self.top_k}, "
-                f"activation={self.activation}, world={t.world} (ep={t.ep}, tp={t.tp}), link={t.link}, "
+                f"activation={self.activation}, {fp8}world={t.world} (ep={t.ep}, tp={t.tp}), link={t.link}, "
                 f"max_tokens={self.engine.max_tokens}")

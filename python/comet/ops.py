@@ -5,6 +5,8 @@ capturable) and has a fake (meta) kernel, so ``torch.compile(fullgraph=True)`` t
 break. Lists hold one tensor per rank this process drives (one under torchrun, W for a local team).
 
   comet::moe_forward(x[], ids[], gates[], w0, w1, handle) -> out[]    the whole layer (fused)
+  comet::moe_forward_fp8(x[], ids[], gates[], w0, w0_scale, w1, handle) -> out[]
+                                                                     the same with an fp8 layer 0
   comet::moe_layer0(x[], ids[], gates[], w0, handle) -> hidden[]      dispatch + GEMM0 + activation
   comet::moe_layer1(hidden[], ids[], w1, handle) -> out[]             GEMM1 + top-k combine
   comet::moe_backward(dout[], w0, w1, handle) -> (dx[], dgates[], dw0, dw1)
@@ -12,6 +14,14 @@ break. Lists hold one tensor per rank this process drives (one under torchrun, W
 
 w0 / w1 are the local ranks' weights stacked, [L, E_l, N0_s, H] and [L, E_l, H, F_s] (MoELayer's
 parameters as they are: no per-call unbinding).
+
+fp8 (a FusedMoE built with dtype="e4m3", issue 17): x stays bf16 and every rank quantises its tokens
+inside the layer (e4m3 codes, one fp32 scale per token and 128 columns, s = amax / 448); w0 is
+torch.float8_e4m3fn codes in the same local layout and w0_scale its fp32 scales of 128 x 128 blocks of
+each local expert's [N0_s, H], [L, E_l, ceil(N0_s / 128), H / 128] (quantize_weights_e4m3 makes them
+from a bf16 shard; quantise after sharding: the blocks are those of the local layout). w1, the hidden
+rows and the output stay bf16. Forward only: moe_forward_fp8 has no backward (a backward through it
+raises), and the split ops refuse fp8 layers.
 
 A handle names a FusedMoE (the layer's buffers, team and tuner state). moe_layer1 consumes the routing
 staged by the last moe_layer0 of the same handle; hidden holds the plan's rows ([max_rows, F/tp], rows
@@ -22,7 +32,9 @@ the layer's LAST whole forward, whose activations the C++ layer saved, and consu
 forward's backward before the same layer's next forward (activation checkpointing, which recomputes
 the forward just before its backward, fits). dout is contiguous bf16 [T, H] per rank (T: that forward's);
 dgates is fp32 [T, k]; dw0 / dw1 are stacked like w0 / w1 and of their dtype. The split ops have no
-backward.
+backward, nor has moe_forward_fp8 (compile an fp8 layer under torch.no_grad() or
+torch.inference_mode(): with an input that requires grad, AOT autograd traces the backward and meets
+the refusal at compile time).
 """
 from __future__ import annotations
 
@@ -37,6 +49,13 @@ from . import _lib
 from .team import Team
 
 _ACTIVATIONS = ("swiglu", "gelu", "silu")
+# Layer 0's element type: the C++ layer's DType names, and the torch dtypes that mean them.
+_DTYPES = {"bf16": "bf16", "e4m3": "e4m3", torch.bfloat16: "bf16", torch.float8_e4m3fn: "e4m3"}
+FP8_BLOCK = 128  # the fp8 scale block: 1 x 128 for tokens, 128 x 128 for W0
+_FP8_FORWARD_ONLY = ("comet: this MoE layer runs layer 0 in fp8 (e4m3), which is forward-only for now: there is "
+                     "no backward through it. Run it under torch.no_grad() / torch.inference_mode(), or build "
+                     "the layer with dtype=torch.bfloat16 (comet.MoELayer) / dtype=\"bf16\" (comet.FusedMoE) "
+                     "and training=True to train")
 _IDS_DTYPES = (torch.int32, torch.int64)
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)  # the fast path; subclasses take the full check
 
@@ -78,6 +97,11 @@ class FusedMoE:
     backward needs, so that autograd differentiates the call (see comet.ops: a backward pairs with the
     layer's last forward).
 
+    dtype="e4m3" (or torch.float8_e4m3fn): layer 0 in fp8, forward only (training must be False; H a
+    multiple of 128). Call it with w0 as torch.float8_e4m3fn codes and w0_scale, the fp32 scales of its
+    128 x 128 blocks (see comet.ops and quantize_weights_e4m3); the tokens stay bf16 and are quantised
+    inside the layer (1 x 128 blocks per token); the output is bf16.
+
     Device memory per local rank (bf16, T = max_tokens, R = max_rows, W ranks):
       gathered tokens 2 R H (the expert outputs reuse them when training=False; training=True holds them
       apart, 2 R H more), hidden 2 R F/tp, own partials 2 T H, and the exported buffers (tokens 2 T H,
@@ -99,9 +123,21 @@ class FusedMoE:
                  tile_n: tuple[Optional[int], Optional[int]] = (None, None),
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
-                 training: bool = False, tune_table: str = "", use_torch_allocator: bool = True):
+                 training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
+                 dtype="bf16"):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+        native_dtype = _DTYPES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
+        if native_dtype is None:
+            raise ValueError(f"comet.FusedMoE: dtype must be 'bf16' or 'e4m3' (torch.bfloat16 or torch.float8_e4m3fn: "
+                             f"an fp8 layer 0), got {dtype!r}")
+        fp8 = native_dtype == "e4m3"
+        if fp8 and training:
+            raise ValueError("comet.FusedMoE: the fp8 (e4m3) layer is forward-only for now: build it with "
+                             "training=False, or with dtype='bf16' to train")
+        if fp8 and hidden_size % FP8_BLOCK:
+            raise ValueError(f"comet.FusedMoE: fp8 (e4m3) needs hidden_size a multiple of {FP8_BLOCK} (its 1 x 128 "
+                             f"and 128 x 128 scale blocks), got {hidden_size}")
         _lib.require_cuda("comet.FusedMoE")
         alloc = release = None
         if use_torch_allocator:
@@ -114,12 +150,13 @@ class FusedMoE:
         self.team = team
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.training = activation, training
+        self.dtype, self.fp8 = native_dtype, fp8
         self.native = _lib.C.FusedMoe(
             team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
             max_rows, load_factor=load_factor, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0],
             layer1_tile_n=tile_n[1], layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, batch_invariant=batch_invariant,
             checking=checking, training=training, tune_table=tune_table,
-            allocate=alloc, release=release)
+            allocate=alloc, release=release, dtype=native_dtype)
         # Plain attributes (not calls into the extension), so that torch.compile traces a call without a break.
         self.local_ranks = team.local_ranks
         self.local_experts = num_experts // team.ep
@@ -129,7 +166,7 @@ class FusedMoE:
         self.max_rows = self.native.max_rows
         self.device_bytes_per_rank = self.native.device_bytes_per_rank
         self.spec = LayerSpec(hidden_size, top_k, self.local_experts, self.w0_rows, self.ffn_shard, self.max_tokens,
-                              len(self.local_ranks), team.device)
+                              len(self.local_ranks), team.device, fp8)
         self.handle = next(_handles)
         _registry[self.handle] = _Registered(self.native, self.local_ranks, top_k, training)
         weakref.finalize(self, _registry.pop, self.handle, None)
@@ -150,9 +187,11 @@ class FusedMoE:
         """Waits for the local ranks and raises what the device reported (timeouts, bad expert ids)."""
         self.native.sync_and_check()
 
-    def __call__(self, x, ids, gates, w0, w1):
+    def __call__(self, x, ids, gates, w0, w1, w0_scale=None):
         """The whole layer: one tensor each (one local rank) or lists (a local team); w0 / w1 are the local
-        ranks' weights stacked, [L, E_l, N0_s, H] / [L, E_l, H, F_s] (or one rank's without the L)."""
+        ranks' weights stacked, [L, E_l, N0_s, H] / [L, E_l, H, F_s] (or one rank's without the L).
+        fp8 layers (dtype="e4m3"): w0 is torch.float8_e4m3fn and w0_scale its fp32 block scales,
+        [L, E_l, ceil(N0_s / 128), H / 128]; bf16 layers take no w0_scale."""
         single = isinstance(x, torch.Tensor)
         if single:
             x, ids, gates = [x], [ids], [gates]
@@ -160,8 +199,17 @@ class FusedMoE:
             x, ids, gates = list(x), list(ids), list(gates)
         gates = [g if g.dtype == torch.float32 else g.float() for g in gates]
         w0, w1 = stacked(w0, "w0", self.spec.ranks), stacked(w1, "w1", self.spec.ranks)
-        check_inputs(self.spec, x, ids, gates, w0, w1)
-        if torch.compiler.is_compiling():
+        if w0_scale is not None:
+            w0_scale = stacked(w0_scale, "w0_scale", self.spec.ranks)
+        check_inputs(self.spec, x, ids, gates, w0, w1, w0_scale)
+        if self.fp8:
+            if torch.compiler.is_compiling():
+                out = _moe_forward_fp8(x, ids, gates, w0, w0_scale, w1, self.handle)
+            elif torch.is_grad_enabled():  # a node whose backward says why there is none
+                out = list(_EagerMoeForwardFp8.apply(self.handle, len(x), w0, w0_scale, w1, *x, *ids, *gates))
+            else:
+                out = _moe_forward_fp8_cuda(x, ids, gates, w0, w0_scale, w1, self.handle)
+        elif torch.compiler.is_compiling():
             out = _moe_forward(x, ids, gates, w0, w1, self.handle)  # traced: the op and its fake kernel
         elif torch.is_grad_enabled():
             out = list(_EagerMoeForward.apply(self.handle, len(x), w0, w1, *x, *ids, *gates))
@@ -181,6 +229,12 @@ class LayerSpec:
     max_tokens: int
     ranks: int  # local ranks: tensors per list
     device: torch.device
+    fp8: bool = False  # layer 0 in e4m3: w0 float8_e4m3fn codes with fp32 128 x 128 block scales (w0_scale)
+
+    @property
+    def w0_scale_shape(self) -> tuple:
+        """[L, E_l, ceil(N0_s / 128), H / 128]: the fp32 scales of an fp8 w0's 128 x 128 blocks."""
+        return (self.ranks, self.local_experts, -(-self.w0_rows // FP8_BLOCK), self.hidden_size // FP8_BLOCK)
 
 
 def stacked(w, name: str, ranks: int):
@@ -193,10 +247,10 @@ def stacked(w, name: str, ranks: int):
     return torch.stack(list(w))
 
 
-def check_inputs(spec: LayerSpec, x, ids, gates, w0, w1) -> None:
+def check_inputs(spec: LayerSpec, x, ids, gates, w0, w1, w0_scale=None) -> None:
     """Clear errors naming the argument, before anything reaches the op: x, ids, gates are lists of one
-    tensor per rank; w0 / w1 stacked [L, ...] (or None). A fast test per tensor; the named check where it
-    fails (a call costs a few microseconds of Python, not tens)."""
+    tensor per rank; w0 / w1 stacked [L, ...] (or None); w0_scale stacked, with an fp8 w0 only. A fast
+    test per tensor; the named check where it fails (a call costs a few microseconds of Python, not tens)."""
     for name, v in (("hidden_states", x), ("topk_ids", ids), ("topk_weights", gates)):
         if len(v) != spec.ranks:
             raise ValueError(f"{name}: {len(v)} tensors for the {spec.ranks} rank(s) this process drives")
@@ -217,11 +271,22 @@ def check_inputs(spec: LayerSpec, x, ids, gates, w0, w1) -> None:
             _tensor(ir, "topk_ids", (t, k), _IDS_DTYPES, dev)
             _tensor(gr, "topk_weights", (t, k), (torch.float32,), dev)
     L = spec.ranks
-    for name, w, shape in (("w0", w0, (L, spec.local_experts, spec.w0_rows, H)),
-                           ("w1", w1, (L, spec.local_experts, H, spec.ffn_shard))):
-        if w is not None and not (type(w) in _TENSOR_TYPES and w.dtype is torch.bfloat16 and w.device == dev
+    w0_dtype = torch.float8_e4m3fn if spec.fp8 else torch.bfloat16
+    for name, w, shape, dtype in (("w0", w0, (L, spec.local_experts, spec.w0_rows, H), w0_dtype),
+                                  ("w1", w1, (L, spec.local_experts, H, spec.ffn_shard), torch.bfloat16)):
+        if w is not None and not (type(w) in _TENSOR_TYPES and w.dtype is dtype and w.device == dev
                                   and w.shape == shape and w.is_contiguous()):
-            _tensor(w, name, shape, (torch.bfloat16,), dev)
+            _tensor(w, name, shape, (dtype,), dev)
+    if not spec.fp8:
+        if w0_scale is not None:
+            raise ValueError("w0_scale: given, but the layer is bf16 (block scales go with an fp8 w0: dtype='e4m3')")
+    elif w0 is not None:
+        if w0_scale is None:
+            raise ValueError("w0_scale: the fp8 layer's w0 needs its fp32 scales of 128 x 128 blocks, "
+                             f"[{', '.join(map(str, spec.w0_scale_shape))}] (comet.ops.quantize_weights_e4m3)")
+        if not (type(w0_scale) in _TENSOR_TYPES and w0_scale.dtype is torch.float32 and w0_scale.device == dev
+                and w0_scale.shape == spec.w0_scale_shape and w0_scale.is_contiguous()):
+            _tensor(w0_scale, "w0_scale", spec.w0_scale_shape, (torch.float32,), dev)
 
 
 def _tensor(t, name: str, shape: tuple, dtypes: tuple, device: torch.device) -> None:
@@ -241,6 +306,8 @@ def _tensor(t, name: str, shape: tuple, dtypes: tuple, device: torch.device) -> 
 # ---- the ops ---------------------------------------------------------------------------------------------
 _lib_def = torch.library.Library("comet", "DEF")
 _lib_def.define("moe_forward(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, Tensor w1, int handle) -> Tensor[]")
+_lib_def.define("moe_forward_fp8(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, Tensor w0_scale, Tensor w1, "
+                "int handle) -> Tensor[]")
 _lib_def.define("moe_layer0(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, int handle) -> Tensor[]")
 _lib_def.define("moe_layer1(Tensor[] hidden, Tensor[] ids, Tensor w1, int handle) -> Tensor[]")
 _lib_def.define("moe_backward(Tensor[] dout, Tensor w0, Tensor w1, int handle) -> (Tensor[], Tensor[], Tensor, Tensor)")
@@ -288,6 +355,36 @@ def _moe_forward_cuda(x, ids, gates, w0, w1, handle):
                        stream)
     if layer.training:  # after the call: a refused forward saved nothing
         layer.tokens = tuple(t.shape[0] for t in x)
+    return out
+
+
+def _scale_addresses(s: torch.Tensor):
+    """Each rank's address in the stacked fp8 w0 scales [L, E_l, rb, kb], 16-byte aligned as the C++ layer
+    wants them: the tensor's own slices where they are (E_l rb kb a multiple of 4, e.g. H a multiple of
+    512), else those of an aligned copy whose rank slices are padded to 16 bytes. Returns the tensor the
+    addresses point into (kept alive by the caller through the launch; the copy is stream-ordered) and
+    the addresses."""
+    addresses = _per_rank(s)
+    if all(a % 16 == 0 for a in addresses):
+        return s, addresses
+    L, n = s.shape[0], s[0].numel()
+    padded = s.new_empty(L, (n + 3) // 4 * 4)
+    padded[:, :n].copy_(s.reshape(L, n))
+    return padded, _per_rank(padded)
+
+
+def _moe_forward_fp8_cuda(x, ids, gates, w0, w0_scale, w1, handle):
+    layer = _native(handle)
+    native, ranks = layer.native, layer.ranks
+    out = [torch.empty_like(t) for t in x]
+    stream = _current_stream(x[0].device)
+    scales, s_addr = _scale_addresses(w0_scale)  # noqa: F841  (held through the launch below)
+    if len(ranks) == 1:
+        native.forward1(ranks[0], w0.data_ptr(), w1.data_ptr(), _batch(x[0], ids[0], gates[0], out[0]), stream,
+                        s_addr[0])
+    else:
+        native.forward(list(zip(_per_rank(w0), _per_rank(w1))), [_batch(*t) for t in zip(x, ids, gates, out)],
+                       stream, "whole", s_addr)
     return out
 
 
@@ -356,6 +453,7 @@ def _moe_backward_cuda(dout, w0, w1, handle):
 
 
 _lib_def.impl("moe_forward", _moe_forward_cuda, "CUDA")
+_lib_def.impl("moe_forward_fp8", _moe_forward_fp8_cuda, "CUDA")
 _lib_def.impl("moe_layer0", _moe_layer0_cuda, "CUDA")
 _lib_def.impl("moe_layer1", _moe_layer1_cuda, "CUDA")
 _lib_def.impl("moe_backward", _moe_backward_cuda, "CUDA")
@@ -363,6 +461,11 @@ _lib_def.impl("moe_backward", _moe_backward_cuda, "CUDA")
 
 @torch.library.register_fake("comet::moe_forward")
 def _moe_forward_fake(x, ids, gates, w0, w1, handle):
+    return [torch.empty_like(t) for t in x]
+
+
+@torch.library.register_fake("comet::moe_forward_fp8")
+def _moe_forward_fp8_fake(x, ids, gates, w0, w0_scale, w1, handle):
     return [torch.empty_like(t) for t in x]
 
 
@@ -407,13 +510,19 @@ def _split_op_backward(ctx, *grads):
                               "comet.FusedMoE(..., training=True))")
 
 
+def _fp8_backward(ctx, *grads):
+    raise RuntimeError(_FP8_FORWARD_ONLY)
+
+
 torch.library.register_autograd("comet::moe_forward", _moe_forward_backward,
                                 setup_context=_moe_forward_setup_context)
+torch.library.register_autograd("comet::moe_forward_fp8", _fp8_backward)
 for _op in ("comet::moe_layer0", "comet::moe_layer1"):
     torch.library.register_autograd(_op, _split_op_backward)
 
 
 _moe_forward = torch.ops.comet.moe_forward.default
+_moe_forward_fp8 = torch.ops.comet.moe_forward_fp8.default
 
 
 class _EagerMoeForward(torch.autograd.Function):
@@ -438,16 +547,67 @@ class _EagerMoeForward(torch.autograd.Function):
         return (None, None, dw0, dw1, *dx, *([None] * ctx.ranks), *dgates)
 
 
+class _EagerMoeForwardFp8(torch.autograd.Function):
+    """comet::moe_forward_fp8 for eager calls with grad enabled: the op's kernel, and a backward that says
+    the fp8 layer has none (a layer built with training=False says the same way why it has none).
+    Arguments: the handle, the ranks' count, w0, w0_scale, w1, then x, ids and gates of every rank."""
+
+    @staticmethod
+    def forward(ctx, handle, ranks, w0, w0_scale, w1, *per_rank):
+        x, ids, gates = per_rank[:ranks], per_rank[ranks:2 * ranks], per_rank[2 * ranks:]
+        return tuple(_moe_forward_fp8_cuda(list(x), list(ids), list(gates), w0, w0_scale, w1, handle))
+
+    @staticmethod
+    def backward(ctx, *dout):
+        raise RuntimeError(_FP8_FORWARD_ONLY)
+
+
 # ---- the functional API ----------------------------------------------------------------------------------
-def moe_forward(layer: FusedMoE, x, ids, gates, w0, w1):
+def quantize_weights_e4m3(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """e4m3 codes and fp32 scales of each [rows, cols] matrix of w (bf16 [..., rows, cols] on a GPU, cols a
+    multiple of 128) in 128 x 128 blocks: scales [..., ceil(rows / 128), cols / 128], s = amax / 448 (1 for a
+    block of zeros), codes torch.float8_e4m3fn [..., rows, cols] = e4m3(w / s) (round to nearest even,
+    saturating). Ordered on the current stream; bitwise what the C++ oracle (comet::fp8::quantize_weights)
+    gives. For a layer's w0, quantise each rank's local shard (comet.weights.shard_w0, [E_l, N0_s, H]): its
+    blocks are the GEMM's, and with SwiGLU they mix gate and up rows (blocks of 8 interleaved)."""
+    if not isinstance(w, torch.Tensor):
+        raise TypeError(f"quantize_weights_e4m3: expected a torch.Tensor, got {type(w).__name__}")
+    if w.dtype is not torch.bfloat16:
+        raise TypeError(f"quantize_weights_e4m3: dtype {w.dtype}, expected torch.bfloat16")
+    if w.dim() < 2 or w.shape[-1] % FP8_BLOCK or w.shape[-1] == 0:
+        raise ValueError(f"quantize_weights_e4m3: shape {tuple(w.shape)}, expected [..., rows, cols] with cols a "
+                         f"positive multiple of {FP8_BLOCK}")
+    if w.device.type != "cuda":
+        raise ValueError(f"quantize_weights_e4m3: on {w.device}, the quantiser runs on a CUDA GPU")
+    _lib.require_cuda("comet.ops.quantize_weights_e4m3")
+    *lead, rows, cols = w.shape
+    mats = 1
+    for d in lead:
+        mats *= d
+    w = w.contiguous()
+    if w.data_ptr() % 16:
+        w = w.clone()
+    codes = torch.empty(w.shape, dtype=torch.float8_e4m3fn, device=w.device)
+    scales = torch.empty(*lead, -(-rows // FP8_BLOCK), cols // FP8_BLOCK, dtype=torch.float32, device=w.device)
+    with torch.cuda.device(w.device):
+        _lib.C.quantize_weights_e4m3(w.data_ptr(), mats, rows, cols, codes.data_ptr(), scales.data_ptr(),
+                                     _current_stream(w.device))
+    return codes, scales
+
+
+def moe_forward(layer: FusedMoE, x, ids, gates, w0, w1, w0_scale=None):
     """The whole MoE layer: tokens in (bf16 [T, H]), top-k expert ids ([T, k] int32/int64) and gate
     weights ([T, k]), the local expert weights (comet.weights layout; stacked [L, ...] or one rank's),
-    output [T, H] in token order. Lists of one tensor per rank for a local team."""
-    return layer(x, ids, gates, w0, w1)
+    output [T, H] in token order. Lists of one tensor per rank for a local team. An fp8 layer takes w0 as
+    e4m3 codes and w0_scale, their 128 x 128 block scales (FusedMoE.__call__)."""
+    return layer(x, ids, gates, w0, w1, w0_scale)
 
 
 def moe_layer0(layer: FusedMoE, x, ids, gates, w0):
     """Dispatch + GEMM0 + activation: hidden rows in the plan's layout ([max_rows, F/tp] per rank)."""
+    if layer.spec.fp8:
+        raise NotImplementedError("comet.ops.moe_layer0: the split ops run bf16 layers only; an fp8 (e4m3) layer "
+                                  "runs whole (FusedMoE.__call__, comet::moe_forward_fp8)")
     single = isinstance(x, torch.Tensor)
     x, ids, gates = ([v] for v in (x, ids, gates)) if single else (list(v) for v in (x, ids, gates))
     gates = [g if g.dtype == torch.float32 else g.float() for g in gates]
@@ -459,6 +619,9 @@ def moe_layer0(layer: FusedMoE, x, ids, gates, w0):
 
 def moe_layer1(layer: FusedMoE, hidden, ids, w1):
     """GEMM1 + the gate-weighted top-k combine of the routing staged by the last moe_layer0 of `layer`."""
+    if layer.spec.fp8:
+        raise NotImplementedError("comet.ops.moe_layer1: the split ops run bf16 layers only; an fp8 (e4m3) layer "
+                                  "runs whole (FusedMoE.__call__, comet::moe_forward_fp8)")
     single = isinstance(hidden, torch.Tensor)
     hidden, ids = ([hidden], [ids]) if single else (list(hidden), list(ids))
     w1 = stacked(w1, "w1", layer.spec.ranks)

@@ -12,6 +12,11 @@ A rank's shard (comet/weight_layout.hpp), rank = ep_index * tp + tp_index, E_l =
                      are gate rows 8b..8b+7 of the shard, rows 16b+8..16b+15 the matching up rows), so the
                      GEMM epilogue holds both halves of an output column; gelu / silu: N0_s = F_s.
   w1 [E_l, H, F_s]
+
+An fp8 layer's w0 (comet.MoELayer(dtype=torch.float8_e4m3fn)) is the same local layout in e4m3 codes with
+fp32 scales of 128 x 128 blocks of each local expert's [N0_s, H]: [E_l, ceil(N0_s / 128), H / 128]. The
+blocks are those of the local layout (with SwiGLU a block holds gate and up rows), so quantise after
+sharding (comet.ops.quantize_weights_e4m3); dequantize_weights_e4m3 gives the values back.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from typing import Sequence
 import torch
 
 BLOCK = 8  # gate / up interleave of the SwiGLU shard
+FP8_BLOCK = 128  # an fp8 w0's scale block: 128 x 128
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -99,3 +105,18 @@ def fuse_linear_experts(w1: Sequence[torch.Tensor], w3: Sequence[torch.Tensor] |
     _check(len(w1) == len(w2) and (w3 is None or len(w3) == len(w1)), "w1, w3 and w2 must list the same experts")
     rows = [torch.cat((a, b), dim=0) for a, b in zip(w1, w3)] if w3 is not None else list(w1)
     return torch.stack(rows), torch.stack(list(w2))
+
+
+def dequantize_weights_e4m3(codes: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The fp32 values an fp8 weight stands for: codes (torch.float8_e4m3fn [..., rows, cols]) times the
+    fp32 scale of their 128 x 128 block (scales [..., ceil(rows / 128), cols / 128]). Exact: an e4m3 value
+    has 4 significant bits, so each product rounds once, as the C++ oracle's does."""
+    _check(codes.dtype == torch.float8_e4m3fn, f"codes: dtype {codes.dtype}, expected torch.float8_e4m3fn")
+    _check(scales.dtype == torch.float32, f"scales: dtype {scales.dtype}, expected torch.float32")
+    _check(codes.dim() >= 2, f"codes must be [..., rows, cols], got {tuple(codes.shape)}")
+    *lead, rows, cols = codes.shape
+    want = (*lead, -(-rows // FP8_BLOCK), -(-cols // FP8_BLOCK))
+    _check(tuple(scales.shape) == want, f"scales: shape {tuple(scales.shape)}, expected {want} for codes of "
+                                        f"{tuple(codes.shape)} (one per 128 x 128 block)")
+    s = scales.repeat_interleave(FP8_BLOCK, dim=-2)[..., :rows, :].repeat_interleave(FP8_BLOCK, dim=-1)[..., :cols]
+    return codes.float() * s.to(codes.device)

@@ -21,6 +21,7 @@
 #include "comet/team.hpp"
 #include "comet/tune.hpp"
 #include "comet/version.hpp"
+#include "kernels/fp8_quantize.hpp"
 
 namespace nb = nanobind;
 using namespace comet;
@@ -141,6 +142,15 @@ nb::dict decision_dict(const LaunchDecision& d) {
   return o;
 }
 
+DType dtype_of(const std::string& s) {
+  if (s == "bf16") return DType::bf16;
+  if (s == "e4m3") return DType::e4m3;
+  throw InvalidArgument("dtype must be 'bf16' or 'e4m3' (fp8 layer 0), got '" + s + "'");
+}
+
+const void* cptr(uintptr_t p) { return reinterpret_cast<const void*>(p); }
+const float* fptr(uintptr_t p) { return reinterpret_cast<const float*>(p); }
+
 Activation activation_of(const std::string& s) {
   if (s == "swiglu") return Activation::swiglu;
   if (s == "gelu") return Activation::gelu;
@@ -189,6 +199,17 @@ NB_MODULE(_C, m) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
   });
+  // kernels/fp8_quantize.hpp: w [mats][rows][cols] bf16 -> codes [mats][rows][cols] e4m3 and scales
+  // [mats][ceil(rows / 128)][cols / 128] fp32 (128 x 128 blocks), ordered on `stream` (device addresses;
+  // cols a multiple of 128, 16-byte aligned pointers: comet.InvalidArgument otherwise, before any launch).
+  m.def(
+      "quantize_weights_e4m3",
+      [](uintptr_t w, int mats, int rows, int cols, uintptr_t codes, uintptr_t scales, uintptr_t stream) {
+        kernels::quantize_weights_e4m3(cptr(w), mats, rows, cols, reinterpret_cast<void*>(codes),
+                                       reinterpret_cast<float*>(scales), stream_of(stream));
+      },
+      nb::arg("w"), nb::arg("mats"), nb::arg("rows"), nb::arg("cols"), nb::arg("codes"), nb::arg("scales"),
+      nb::arg("stream"));
   m.def("set_shipped_tune_table", &TuneTable::set_shipped_path, nb::arg("path"));
   m.def("shipped_tune_table", &TuneTable::shipped_path);
   m.def("user_tune_table", &TuneTable::user_path);
@@ -231,8 +252,9 @@ NB_MODULE(_C, m) {
              int ep, int tp, int max_tokens, int max_rows, double load_factor, std::optional<int> layer0_tile_n,
              std::optional<int> layer0_n_comm, std::optional<int> layer1_tile_n, std::optional<int> layer1_n_comm,
              bool adaptive_split, bool batch_invariant, bool checking, bool training, const std::string& tune_table,
-             std::optional<nb::object> allocate, std::optional<nb::object> release) {
+             std::optional<nb::object> allocate, std::optional<nb::object> release, const std::string& dtype) {
             MoeOptions o;
+            o.dtype = dtype_of(dtype);
             o.layer0 = request(layer0_tile_n, layer0_n_comm);
             o.layer1 = request(layer1_tile_n, layer1_n_comm);
             o.adaptive_split = adaptive_split;
@@ -252,35 +274,43 @@ NB_MODULE(_C, m) {
           nb::arg("layer1_tile_n") = nb::none(), nb::arg("layer1_n_comm") = nb::none(),
           nb::arg("adaptive_split") = true, nb::arg("batch_invariant") = false, nb::arg("checking") = false,
           nb::arg("training") = false, nb::arg("tune_table") = "",
-          nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none())
+          nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none(), nb::arg("dtype") = "bf16")
+      .def_prop_ro("dtype", [](const FusedMoe& m) { return std::string(to_string(m.options().dtype)); })
+      // w0_scales: an e4m3 layer's W0 block scales (fp32 [E_l][ceil(w0 rows / 128)][H / 128]); 0 = none
+      // (a bf16 layer, or a w0 pointer 0 that keeps the rank's current weights).
       .def(
           "set_weights",
-          [](FusedMoe& m, int rank, uintptr_t w0, uintptr_t w1) {
-            m.set_weights(rank, reinterpret_cast<const void*>(w0), reinterpret_cast<const void*>(w1));
+          [](FusedMoe& m, int rank, uintptr_t w0, uintptr_t w1, uintptr_t w0_scales) {
+            m.set_weights(rank, cptr(w0), cptr(w1), fptr(w0_scales));
           },
-          nb::arg("rank"), nb::arg("w0"), nb::arg("w1"))
+          nb::arg("rank"), nb::arg("w0"), nb::arg("w1"), nb::arg("w0_scales") = 0)
       // The hot path of one rank per process: weights and batch in one call.
       .def(
           "forward1",
-          [](FusedMoe& m, int rank, uintptr_t w0, uintptr_t w1, const BatchTuple& b, uintptr_t stream) {
-            m.set_weights(rank, reinterpret_cast<const void*>(w0), reinterpret_cast<const void*>(w1));
+          [](FusedMoe& m, int rank, uintptr_t w0, uintptr_t w1, const BatchTuple& b, uintptr_t stream,
+             uintptr_t w0_scales) {
+            m.set_weights(rank, cptr(w0), cptr(w1), fptr(w0_scales));
             m.forward(batch_of(b), stream_of(stream));
           },
-          nb::arg("rank"), nb::arg("w0"), nb::arg("w1"), nb::arg("batch"), nb::arg("stream"))
+          nb::arg("rank"), nb::arg("w0"), nb::arg("w1"), nb::arg("batch"), nb::arg("stream"), nb::arg("w0_scales") = 0)
       // Every local rank: weights[i] = (w0, w1) and batches[i] of team.local_ranks()[i]; part "whole",
-      // "layer0" or "layer1" (a weight pointer 0 keeps the rank's current one).
+      // "layer0" or "layer1" (a weight pointer 0 keeps the rank's current one). w0_scales: empty (a bf16
+      // layer) or one address per local rank, the e4m3 W0 block scales of weights[i] (0 with a w0 of 0).
       .def(
           "forward",
           [](FusedMoe& m, const std::vector<std::tuple<uintptr_t, uintptr_t>>& weights,
-             const std::vector<BatchTuple>& batches, uintptr_t stream, const std::string& part) {
+             const std::vector<BatchTuple>& batches, uintptr_t stream, const std::string& part,
+             const std::vector<uintptr_t>& w0_scales) {
             const std::vector<int> local = m.team().local_ranks();
             COMET_REQUIRE(weights.size() == local.size() && batches.size() == local.size(), "FusedMoe.forward: ",
                           weights.size(), " weights and ", batches.size(), " batches for ", local.size(),
                           " local ranks");
+            COMET_REQUIRE(w0_scales.empty() || w0_scales.size() == local.size(), "FusedMoe.forward: ",
+                          w0_scales.size(), " w0_scales for ", local.size(), " local ranks (give none or one each)");
             std::vector<RankBatch> rb;
             for (size_t i = 0; i < local.size(); ++i) {
-              m.set_weights(local[i], reinterpret_cast<const void*>(std::get<0>(weights[i])),
-                            reinterpret_cast<const void*>(std::get<1>(weights[i])));
+              m.set_weights(local[i], cptr(std::get<0>(weights[i])), cptr(std::get<1>(weights[i])),
+                            w0_scales.empty() ? nullptr : fptr(w0_scales[i]));
               rb.push_back(batch_of(batches[i]));
             }
             if (part == "whole") m.forward(rb, stream_of(stream));
@@ -288,7 +318,8 @@ NB_MODULE(_C, m) {
             else if (part == "layer1") m.forward_layer1(rb, stream_of(stream));
             else throw InvalidArgument("FusedMoe.forward: part must be whole, layer0 or layer1, got " + part);
           },
-          nb::arg("weights"), nb::arg("batches"), nb::arg("stream"), nb::arg("part") = "whole")
+          nb::arg("weights"), nb::arg("batches"), nb::arg("stream"), nb::arg("part") = "whole",
+          nb::arg("w0_scales") = std::vector<uintptr_t>())
       // Gradients of the last whole forward (built with training=True), for this process's one rank:
       // grad = (dout, dx, dgates, dw0, dw1); grad_type "bf16" or "f32" (dw0 / dw1); accumulate: dw += the
       // gradient instead of overwriting it.

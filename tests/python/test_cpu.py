@@ -307,3 +307,119 @@ def test_symmetric_heap_is_checked_before_the_team_is_built():
     assert isinstance(comet._C.nvshmem_available(), bool)
     with pytest.raises(comet.InvalidArgument, match="unknown symmetric heap 'bogus'"):
         comet._C.IpcTeam(0, 2, lambda mine: mine * 2, 0, "bogus")
+
+
+# ---- fp8 (e4m3) layer 0: what the front checks without a GPU --------------------------------------------
+def _fp8_fake_inputs(tokens=(5, 0)):
+    """Two ranks' inputs for comet::moe_forward_fp8 (H 128, E_l 2, N0_s 256): x and gates requiring grad,
+    w0 e4m3 codes and its scales [L, E_l, 2, 1]."""
+    xs = [torch.empty(t, 128, dtype=torch.bfloat16, requires_grad=True) for t in tokens]
+    ids = [torch.empty(t, 2, dtype=torch.int64) for t in tokens]
+    gates = [torch.empty(t, 2, requires_grad=True) for t in tokens]
+    w0 = torch.empty(2, 2, 256, 128, dtype=torch.float8_e4m3fn)
+    w0_scale = torch.empty(2, 2, 2, 1)
+    w1 = torch.empty(2, 2, 128, 128, dtype=torch.bfloat16, requires_grad=True)
+    return xs, ids, gates, w0, w0_scale, w1
+
+
+def test_fp8_op_traces_and_its_backward_says_forward_only(handle):
+    schema = str(torch.ops.comet.moe_forward_fp8.default._schema)
+    assert schema.endswith("(Tensor[] x, Tensor[] ids, Tensor[] gates, Tensor w0, Tensor w0_scale, Tensor w1, "
+                           "int handle) -> Tensor[]")
+    h = handle(training=False)
+    with FakeTensorMode():
+        xs, ids, gates, w0, w0_scale, w1 = _fp8_fake_inputs()
+        out = torch.ops.comet.moe_forward_fp8(xs, ids, gates, w0, w0_scale, w1, h)
+        assert [o.shape for o in out] == [x.shape for x in xs] and out[0].dtype == torch.bfloat16
+        with pytest.raises(RuntimeError, match="forward-only"):
+            sum(o.float().sum() for o in out).backward()
+
+
+def test_fp8_eager_path_runs_the_kernel_and_refuses_a_backward(handle, monkeypatch):
+    h = handle(training=False)
+    calls = {}
+
+    def forward(x, ids, gates, w0, w0_scale, w1, hd):
+        calls["forward"] = (len(x), w0.dtype, w0_scale.shape, hd)
+        return ops._moe_forward_fp8_fake(x, ids, gates, w0, w0_scale, w1, hd)
+
+    monkeypatch.setattr(ops, "_moe_forward_fp8_cuda", forward)
+    xs, ids, gates, w0, w0_scale, w1 = _fp8_fake_inputs()
+    out = ops._EagerMoeForwardFp8.apply(h, 2, w0, w0_scale, w1, *xs, *ids, *gates)
+    assert calls["forward"] == (2, torch.float8_e4m3fn, (2, 2, 2, 1), h)
+    assert [o.shape for o in out] == [x.shape for x in xs]
+    with pytest.raises(RuntimeError, match="forward-only.*torch.no_grad"):
+        sum(o.float().sum() for o in out).backward()
+
+
+FP8_SPEC = LayerSpec(hidden_size=128, top_k=2, local_experts=2, w0_rows=200, ffn_shard=100, max_tokens=16, ranks=1,
+                     device=torch.device("cpu"), fp8=True)
+
+
+def _good_fp8(t=5):
+    return ([torch.zeros(t, 128, dtype=torch.bfloat16)], [torch.zeros(t, 2, dtype=torch.int32)], [torch.zeros(t, 2)],
+            torch.zeros(1, 2, 200, 128, dtype=torch.float8_e4m3fn), torch.zeros(1, 2, 128, 100, dtype=torch.bfloat16),
+            torch.ones(1, 2, 2, 1))
+
+
+@pytest.mark.parametrize("mutate,error,match", [
+    (lambda a: a.__setitem__(3, torch.zeros(1, 2, 200, 128, dtype=torch.bfloat16)), TypeError, "w0: dtype"),
+    (lambda a: a.__setitem__(5, None), ValueError, r"w0_scale: the fp8 layer's w0 needs .*\[1, 2, 2, 1\]"),
+    (lambda a: a.__setitem__(5, torch.ones(1, 2, 1, 1)), ValueError, r"w0_scale: shape \(1, 2, 1, 1\)"),
+    (lambda a: a.__setitem__(5, torch.ones(1, 2, 2, 1, dtype=torch.bfloat16)), TypeError, "w0_scale: dtype"),
+    (lambda a: a.__setitem__(5, torch.ones(1, 2, 2, 2)[..., :1]), ValueError, "w0_scale: must be contiguous"),
+])
+def test_fp8_input_checks_name_the_argument(mutate, error, match):
+    args = list(_good_fp8())
+    check_inputs(FP8_SPEC, *args)  # the good call passes; the scales cover a partial row block (200 rows)
+    mutate(args)
+    with pytest.raises(error, match=match):
+        check_inputs(FP8_SPEC, *args)
+
+
+def test_bf16_layer_takes_no_block_scales():
+    with pytest.raises(ValueError, match="w0_scale: given, but the layer is bf16"):
+        check_inputs(SPEC, *_good(), torch.ones(1, 2, 2, 1))
+
+
+def test_dtype_and_training_are_checked_before_the_gpu():
+    """Refused before a team or a GPU is touched, so the messages are the same on any machine."""
+    with pytest.raises(TypeError, match="torch.bfloat16 or torch.float8_e4m3fn"):
+        comet.MoELayer(256, 512, 8, 2, dtype=torch.float16)
+    with pytest.raises(ValueError, match="forward-only for now: build it with training=False"):
+        comet.MoELayer(256, 512, 8, 2, dtype=torch.float8_e4m3fn, training=True)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        comet.MoELayer(320, 512, 8, 2, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="dtype must be 'bf16' or 'e4m3'"):
+        comet.FusedMoE(None, 256, 512, 8, 2, max_tokens=16, dtype="fp16")
+    with pytest.raises(ValueError, match="forward-only"):
+        comet.FusedMoE(None, 256, 512, 8, 2, max_tokens=16, dtype=torch.float8_e4m3fn, training=True)
+
+
+def test_quantizer_checks_its_arguments_before_any_launch():
+    with pytest.raises(TypeError, match="dtype torch.float32, expected torch.bfloat16"):
+        comet.quantize_weights_e4m3(torch.zeros(2, 128))
+    with pytest.raises(ValueError, match="positive multiple of 128"):
+        comet.quantize_weights_e4m3(torch.zeros(2, 100, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="runs on a CUDA GPU"):
+        comet.quantize_weights_e4m3(torch.zeros(2, 128, dtype=torch.bfloat16))
+    # The binding itself (device addresses): the kernel's checks, comet.InvalidArgument before a launch.
+    with pytest.raises(comet.InvalidArgument, match="cols must be a positive multiple of 128"):
+        comet._C.quantize_weights_e4m3(0, 1, 1, 100, 0, 0, 0)
+    with pytest.raises(comet.InvalidArgument, match="16-byte aligned"):
+        comet._C.quantize_weights_e4m3(16, 1, 128, 128, 8, 16, 0)
+
+
+def test_dequantize_weights_e4m3_scales_each_128x128_block():
+    codes = torch.full((2, 130, 256), 1.5).to(torch.float8_e4m3fn)
+    codes[1, 129, 255] = -448.0
+    scales = torch.tensor([[[1.0, 2.0], [0.25, 4.0]], [[8.0, 0.5], [3.0, 1 / 448]]])
+    w = W.dequantize_weights_e4m3(codes, scales)
+    assert w.dtype == torch.float32 and w.shape == (2, 130, 256)
+    assert w[0, 0, 0] == 1.5 and w[0, 127, 128] == 3.0 and w[0, 128, 0] == 0.375 and w[0, 129, 255] == 6.0
+    assert w[1, 5, 130] == 0.75 and w[1, 128, 3] == 4.5
+    assert w[1, 129, 255] == torch.tensor(-448.0) * torch.tensor(1 / 448)  # one fp32 rounding of the product
+    with pytest.raises(ValueError, match=r"scales: shape \(2, 1, 2\), expected \(2, 2, 2\)"):
+        W.dequantize_weights_e4m3(codes, scales[:, :1])
+    with pytest.raises(ValueError, match="codes: dtype"):
+        W.dequantize_weights_e4m3(codes.float(), scales)

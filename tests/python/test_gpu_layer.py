@@ -358,3 +358,220 @@ def test_close_gives_the_buffers_back_and_refuses_calls():
     with pytest.raises(comet.InvalidArgument, match="closed"):
         layer(p.x, p.ids, p.gates)
     layer.close()  # a second close does nothing
+
+
+# ---- fp8 (e4m3) layer 0 -------------------------------------------------------------------------------------
+FP8 = torch.float8_e4m3fn
+E4M3_MAX = 448.0
+
+
+def quantize_blocks(v: torch.Tensor, block_rows: int, block_cols: int):
+    """comet/fp8.hpp's block quantisation written again in torch (run it on the CPU), in the C++'s fp32
+    arithmetic: per block s = amax / 448 (1 for a block of zeros), codes e4m3(v / s) rounded to nearest even.
+    Both divisions are tensor by tensor: torch turns a division by a Python scalar on the GPU into a
+    multiplication by its reciprocal, which can differ in the last bit. torch's cast rounds to nearest even
+    but does not saturate (from 464 up it gives NaN, where the C++ gives 448): the clamp makes it saturate,
+    though |v / s| is 448 at most here up to one rounding. v [..., rows, cols], cols a multiple of
+    block_cols -> (codes float8_e4m3fn [..., rows, cols], scales fp32 [..., ceil(rows / block_rows),
+    cols / block_cols])."""
+    v = v.float()
+    *lead, rows, cols = v.shape
+    rb, cb = -(-rows // block_rows), cols // block_cols
+    padded = torch.nn.functional.pad(v, (0, 0, 0, rb * block_rows - rows))  # zero rows change no block's amax
+    blocks = padded.reshape(*lead, rb, block_rows, cb, block_cols)
+    amax = blocks.abs().amax(dim=(-3, -1))
+    scales = torch.where(amax > 0, amax / torch.full_like(amax, E4M3_MAX), torch.ones_like(amax))
+    q = blocks / scales[..., :, None, :, None]
+    codes = q.clamp(-E4M3_MAX, E4M3_MAX).to(FP8).reshape(*lead, rb * block_rows, cols)[..., :rows, :]
+    return codes, scales
+
+
+def dequantize_blocks(codes: torch.Tensor, scales: torch.Tensor, block_rows: int, block_cols: int) -> torch.Tensor:
+    """s * e4m3 value, fp32 (exact: a code has 4 significant bits)."""
+    rows = codes.shape[-2]
+    s = scales.repeat_interleave(block_rows, dim=-2)[..., :rows, :].repeat_interleave(block_cols, dim=-1)
+    return codes.float() * s
+
+
+def same_codes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return torch.equal(a.cpu().view(torch.uint8), b.cpu().view(torch.uint8))
+
+
+def fp8_operands(p, layer):
+    """p over the operands the fp8 layer multiplies, dequantised (fp32, exact): each rank's x quantised per
+    token in 1 x 128 blocks (as the layer does inside), and w0 from the layer's own codes and scales, back
+    in the full layout. w1 stays p's (bf16)."""
+    xs = [dequantize_blocks(*quantize_blocks(x.cpu(), 1, 128), 1, 128) for x in p.x]
+    w0 = dequantize_blocks(layer.w0.detach().cpu(), layer.w0_scale.detach().cpu(), 128, 128)
+    gate_up = W.unshard_w0(list(w0), gated=p.act == "swiglu", ep=p.ep, tp=p.tp)
+    return dataclasses.replace(p, x=xs, gate_up=gate_up)
+
+
+def check_fp8_output(p, layer, out, what):
+    """Against the plain MoE over the dequantised fp8 operands with the bf16 test's bounds (the GPU's own
+    rounding is the same: fp32 sums, bf16 hidden rows and output), and measurably closer to it than to the
+    plain MoE over the unquantised operands: e4m3 moves the result by about 2^-4 of a value, the GPU's
+    rounding by about 2^-8, so a layer that skipped a quantisation (or used wrong scales) lands near the
+    second reference and fails."""
+    q = fp8_operands(p, layer)
+    got, ref8, ref16 = [], [], []
+    for r in range(p.world):
+        assert out[r].shape == p.x[r].shape and out[r].dtype == torch.bfloat16, f"{what} rank {r}"
+        want = reference_moe(q, q.x[r], p.ids[r], p.gates[r])
+        assert_matches(out[r], want, f"{what} rank {r}")
+        got.append(out[r].float().cpu())
+        ref8.append(want)
+        ref16.append(reference_moe(p, p.x[r], p.ids[r], p.gates[r]))
+    got, ref8, ref16 = torch.cat(got), torch.cat(ref8), torch.cat(ref16)
+    to8, to16 = relative_error(got, ref8), relative_error(got, ref16)
+    assert to8 < 0.5 * to16, f"{what}: relative error {to8:.3e} to the fp8 reference, {to16:.3e} to the bf16 one"
+
+
+FP8_CASES = [
+    # name, problem kwargs, link: W = 1, 2, 4 as EP and TP; H a multiple of 128 (the fp8 layer needs it)
+    ("W1", dict(ep=1, tokens=(300,)), "device"),
+    ("EP2_device", dict(ep=2, tokens=(37, 200)), "device"),
+    ("EP4_zero_token_rank_host", dict(ep=4, tokens=(100, 0, 257, 3)), "host"),
+    # ungated, top-1 with every token on expert 0 (three experts without tokens), rank 2 without tokens; a
+    # rank's scales are 1 x 5 x 2 floats, so the ranks' slices are not 16-byte aligned (the op aligns a copy)
+    ("EP4_one_hot_expert_top1_silu", dict(act="silu", ffn=640, experts=4, topk=1, ep=4, tokens=(90, 200, 0, 129),
+                                         routing="one_hot"), "device"),
+    # N0_s = 192: a partial row block of 64 rows in every expert's scales
+    ("TP2_gelu_partial_row_block", dict(hidden=384, ffn=384, act="gelu", ep=1, tp=2, tokens=(50, 129)), "device"),
+    ("TP4_gelu", dict(hidden=384, ffn=384, act="gelu", ep=1, tp=4, tokens=(50, 70, 0, 129)), "device"),
+    ("EP2xTP2_top8", dict(hidden=512, ffn=256, experts=16, topk=8, ep=2, tp=2, tokens=(80, 0, 150, 41)), "device"),
+]
+
+
+@pytest.mark.parametrize("name,kw,link", FP8_CASES, ids=[c[0] for c in FP8_CASES])
+def test_fp8_forward_matches_plain_pytorch_on_the_dequantised_operands(name, kw, link):
+    p = make_problem(seed=zlib.crc32(name.encode()) % 1000, **kw)
+    layer = layer_for(p, link, dtype=FP8)
+    assert not layer.engine.training and layer.engine.dtype == "e4m3"
+    assert layer.w0.dtype == FP8 and not layer.w0.requires_grad and layer.w0_scale.dtype == torch.float32
+    # load_experts quantised each rank's LOCAL shard (its 128 x 128 blocks are the GEMM's; with SwiGLU they
+    # hold interleaved gate and up rows), bitwise as the torch re-implementation does
+    gate_up = p.gate_up.to(torch.bfloat16)
+    for r in range(p.world):
+        codes, scales = quantize_blocks(W.shard_w0(gate_up, gated=layer.gated, ep=p.ep, tp=p.tp, rank=r), 128, 128)
+        assert same_codes(layer.w0[r], codes), f"{name}: rank {r}'s codes"
+        assert torch.equal(layer.w0_scale[r].cpu(), scales), f"{name}: rank {r}'s scales"
+    out = layer(p.x, p.ids, p.gates)  # grad mode on: the eager node whose backward refuses
+    torch.cuda.synchronize()
+    layer.engine.synchronize()
+    check_fp8_output(p, layer, out, name)
+    with torch.no_grad():  # the op's kernel straight: the same bits
+        again = layer(p.x, p.ids, p.gates)
+    for r in range(p.world):
+        assert torch.equal(out[r], again[r]), f"{name} rank {r}: no_grad"
+
+
+def test_fp8_weight_quantizer_matches_torch_bitwise():
+    """comet.quantize_weights_e4m3 (the binding of kernels/fp8_quantize.hpp) against the torch
+    re-implementation, on 3 matrices of 200 x 384: a partial row block (72 rows), a block of zeros (scale
+    1), blocks 1000x apart in magnitude, and values small enough for subnormal codes."""
+    gen = torch.Generator().manual_seed(25)
+    w = torch.randn(3, 200, 384, generator=gen)
+    w[0, :, 128:256] *= 1000
+    w[0, 3, :64] = torch.linspace(-2e-4, 2e-4, 64)  # block amax ~4: e4m3 subnormals and zeros
+    w[1, :128, 256:] = 0
+    w[2, 128:, :128] *= 1e-3
+    w = w.to(torch.bfloat16)
+    codes, scales = comet.quantize_weights_e4m3(w.cuda())
+    torch.cuda.synchronize()
+    assert codes.dtype == FP8 and codes.shape == (3, 200, 384)
+    assert scales.dtype == torch.float32 and scales.shape == (3, 2, 3)
+    want_codes, want_scales = quantize_blocks(w, 128, 128)
+    assert same_codes(codes, want_codes)
+    assert torch.equal(scales.cpu(), want_scales)
+    assert scales[1, 0, 2].item() == 1.0
+    small = dequantize_blocks(codes.cpu(), scales.cpu(), 128, 128)[0, 3, :64]
+    assert (small == 0).any() and (small != 0).any()
+    # one matrix without the leading dimensions, from a view that is not contiguous
+    c1, s1 = comet.quantize_weights_e4m3(w.cuda().transpose(1, 2)[0].t())
+    assert same_codes(c1, want_codes[0]) and torch.equal(s1.cpu(), want_scales[0])
+
+
+def test_fp8_weights_round_trip():
+    """load_fp8_w0 (stacked codes, scales as a list per rank), state_dict and experts(); and
+    reset_parameters quantises the bf16 layer's draw."""
+    p = make_problem(ep=2, tp=2, tokens=(30, 40, 50, 60), seed=23)
+    a = layer_for(p, dtype=FP8)
+    b = layer_for(p, dtype=FP8)
+    b.reset_parameters()
+    b.load_fp8_w0(a.w0.detach().clone(), [s.clone() for s in a.w0_scale.detach()])
+    with torch.no_grad():
+        b.w1.copy_(a.w1)
+        for x, y in zip(a(p.x, p.ids, p.gates), b(p.x, p.ids, p.gates)):
+            assert torch.equal(x, y)
+    sd = a.state_dict()
+    assert set(sd) == {"w0", "w0_scale", "w1"} and sd["w0"].dtype == FP8 and sd["w0_scale"].dtype == torch.float32
+    c = layer_for(p, dtype=FP8)
+    c.w0_scale.data.fill_(1.0)
+    c.load_state_dict(sd)
+    with torch.no_grad():
+        for x, y in zip(a(p.x, p.ids, p.gates), c(p.x, p.ids, p.gates)):
+            assert torch.equal(x, y)
+    gate_up, down = a.experts()
+    assert gate_up.dtype == torch.bfloat16 and torch.equal(down.cpu().float(), p.down)
+    deq = dequantize_blocks(a.w0.detach().cpu(), a.w0_scale.detach().cpu(), 128, 128).to(torch.bfloat16)
+    assert torch.equal(gate_up.cpu(), W.unshard_w0(list(deq), gated=True, ep=2, tp=2))
+    assert relative_error(gate_up, p.gate_up) < 0.05  # e4m3's precision: about 2^-4 of a value, at most
+    # reset_parameters: the same draw as a bf16 layer's from the same seed, quantised
+    teams = [comet.Team.local(4, ep=2, tp=2) for _ in range(2)]
+    torch.manual_seed(26)
+    bf16 = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=teams[0], max_tokens=64)
+    torch.manual_seed(26)
+    fp8 = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=teams[1], max_tokens=64, dtype=FP8)
+    codes, scales = quantize_blocks(bf16.w0.detach().cpu(), 128, 128)
+    assert same_codes(fp8.w0, codes) and torch.equal(fp8.w0_scale.cpu(), scales)
+    assert torch.equal(fp8.w1, bf16.w1)
+
+
+def test_fp8_compiles_under_no_grad_with_the_same_bits():
+    p = make_problem(ep=1, tokens=(100,), seed=27)
+    layer = layer_for(p, dtype=FP8)
+    block = Block(layer)
+    with torch.no_grad():
+        eager = block(p.x[0], p.ids[0], p.gates[0])
+        got = torch.compile(block, fullgraph=True)(p.x[0], p.ids[0], p.gates[0])
+    assert torch.equal(got, eager)
+
+
+def test_fp8_refusals():
+    p = make_problem(ep=2, tokens=(20, 30), seed=28)
+    with pytest.raises(ValueError, match="forward-only for now: build it with training=False"):
+        layer_for(p, dtype=FP8, training=True)
+    with pytest.raises(TypeError, match="torch.bfloat16 or torch.float8_e4m3fn"):
+        layer_for(p, dtype=torch.float16)
+    layer = layer_for(p, dtype=FP8)
+    codes, scales = layer.w0.detach().clone(), layer.w0_scale.detach().clone()
+    with pytest.raises(ValueError, match=r"load_fp8_w0: codes: shape \(2, 4, 128, 256\), expected \(2, 4, 1024, 256\)"):
+        layer.load_fp8_w0(codes[:, :, :128], scales)
+    with pytest.raises(ValueError, match=r"load_fp8_w0: scales: shape \(2, 4, 1, 2\), expected \(2, 4, 8, 2\)"):
+        layer.load_fp8_w0(codes, scales[:, :, :1])
+    with pytest.raises(ValueError, match="codes: 1 tensors for the 2 rank"):
+        layer.load_fp8_w0([codes[0]], scales)
+    with pytest.raises(TypeError, match="load_fp8_w0: codes: dtype torch.bfloat16"):
+        layer.load_fp8_w0(codes.to(torch.bfloat16), scales)
+    with pytest.raises(TypeError, match="load_fp8_w0: scales: dtype torch.bfloat16"):
+        layer.load_fp8_w0(codes, scales.to(torch.bfloat16))
+    with pytest.raises(TypeError, match="this layer is bf16"):
+        layer_for(p, training=False).load_fp8_w0(codes, scales)
+    with pytest.raises(TypeError, match="w0: dtype torch.bfloat16"):
+        layer.engine(p.x, p.ids, p.gates, codes.to(torch.bfloat16), layer.w1, scales)
+    with pytest.raises(ValueError, match="w0_scale: the fp8 layer's w0 needs"):
+        layer.engine(p.x, p.ids, p.gates, codes, layer.w1)
+    with pytest.raises(NotImplementedError, match="split ops run bf16 layers only"):
+        comet.ops.moe_layer0(layer.engine, p.x, p.ids, p.gates, layer.w0)
+    # A backward through the layer says why there is none, as a layer built with training=False does.
+    xs = [x.clone().requires_grad_() for x in p.x]
+    out = layer(xs, p.ids, p.gates)
+    with pytest.raises(RuntimeError, match="forward-only.*torch.no_grad"):
+        sum(o.float().sum() for o in out).backward()
+    # Nothing above reached the weights: the layer still matches its reference.
+    assert same_codes(layer.w0, codes) and torch.equal(layer.w0_scale, scales)
+    with torch.no_grad():
+        out = layer(p.x, p.ids, p.gates)
+    torch.cuda.synchronize()
+    check_fp8_output(p, layer, out, "after the refusals")

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import weights as W
-from .ops import FP8_BLOCK, FusedMoE, quantize_weights_e4m3, stacked
+from .ops import FusedMoE, check_fp8_layer, quantize_weights_e4m3, stacked
 from .team import Team
 
 
@@ -105,12 +105,8 @@ class MoELayer(nn.Module):
         fp8 = dtype == torch.float8_e4m3fn
         if training is None:  # bf16 layers train by default; fp8 ones cannot
             training = not fp8
-        if fp8 and training:
-            raise ValueError("MoELayer: fp8 (dtype=torch.float8_e4m3fn) is forward-only for now: build it with "
-                             "training=False (the default for fp8), or with dtype=torch.bfloat16 to train")
-        if fp8 and hidden_size % FP8_BLOCK:
-            raise ValueError(f"MoELayer: fp8 needs hidden_size a multiple of {FP8_BLOCK} (its scale blocks), "
-                             f"got {hidden_size}")
+        if fp8:  # before a team is made: the refusal needs no GPU
+            check_fp8_layer("MoELayer", training, hidden_size)
         self.team = team or Team.local(1)
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,

@@ -57,6 +57,17 @@ _FP8_FORWARD_ONLY = ("comet: this MoE layer runs layer 0 in fp8 (e4m3), which is
                      "the layer with dtype=torch.bfloat16 (comet.MoELayer) / dtype=\"bf16\" (comet.FusedMoE) "
                      "and training=True to train")
 _IDS_DTYPES = (torch.int32, torch.int64)
+
+
+def check_fp8_layer(who: str, training: bool, hidden_size: int) -> None:
+    """What an fp8 (e4m3) layer needs, checked before any GPU work (comet.FusedMoE, comet.MoELayer):
+    forward only, and H in whole 128-wide scale blocks."""
+    if training:
+        raise ValueError(f"{who}: fp8 (e4m3) is forward-only for now: build it with training=False, or with a "
+                         f"bf16 dtype to train")
+    if hidden_size % FP8_BLOCK:
+        raise ValueError(f"{who}: fp8 (e4m3) needs hidden_size a multiple of {FP8_BLOCK} (its 1 x 128 and 128 x 128 "
+                         f"scale blocks), got {hidden_size}")
 _TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)  # the fast path; subclasses take the full check
 
 
@@ -132,12 +143,8 @@ class FusedMoE:
             raise ValueError(f"comet.FusedMoE: dtype must be 'bf16' or 'e4m3' (torch.bfloat16 or torch.float8_e4m3fn: "
                              f"an fp8 layer 0), got {dtype!r}")
         fp8 = native_dtype == "e4m3"
-        if fp8 and training:
-            raise ValueError("comet.FusedMoE: the fp8 (e4m3) layer is forward-only for now: build it with "
-                             "training=False, or with dtype='bf16' to train")
-        if fp8 and hidden_size % FP8_BLOCK:
-            raise ValueError(f"comet.FusedMoE: fp8 (e4m3) needs hidden_size a multiple of {FP8_BLOCK} (its 1 x 128 "
-                             f"and 128 x 128 scale blocks), got {hidden_size}")
+        if fp8:
+            check_fp8_layer("comet.FusedMoE", training, hidden_size)
         _lib.require_cuda("comet.FusedMoE")
         alloc = release = None
         if use_torch_allocator:

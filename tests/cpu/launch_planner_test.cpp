@@ -214,3 +214,41 @@ TEST(LaunchPlanner, BatchInvariantPinsTheTileShape) {
 }
 
 }  // namespace
+
+namespace {
+
+LaunchPlanner fp8_planner(TuneTable table = {}) {
+  return LaunchPlanner(kMixtral, Parallel{8, 1}, Link::host, h200_like(), std::move(table),
+                       PlannerPolicy{true, false, DType::e4m3});
+}
+
+// An fp8 layer 0 (MoeOptions::dtype e4m3): its one compiled tile, table keys of its own (a bf16 entry of
+// the same shape does not answer for it, an e4m3 one does), and layer 1 still bf16's.
+TEST(LaunchPlanner, Fp8Layer0HasItsTileAndKeys) {
+  const LaunchPlanner probe = fp8_planner();
+  EXPECT_EQ(probe.key(0, 4096).dtype, "e4m3");
+  EXPECT_EQ(probe.key(1, 4096).dtype, "bf16");
+  EXPECT_THROW(probe.plan(0, LayerMode::fused, 4096, tile(256)), InvalidArgument);
+  EXPECT_THROW(probe.plan(0, LayerMode::fused, 4096, tile(192)), InvalidArgument);
+  EXPECT_EQ(probe.plan(1, LayerMode::fused, 4096, tile(256)).decision.tile_n, 256);  // layer 1 is bf16
+
+  TuneKey bf16_key = probe.key(0, 4096);
+  bf16_key.dtype = "bf16";
+  TuneTable t;
+  t.put(bf16_key, TuneEntry{LayerVariant{256, 7, 0, 1}, 1.0});
+  t.put(probe.key(0, 16384), TuneEntry{LayerVariant{128, 5, 0, 1}, 1.0});
+  t.put(probe.key(1, 4096), TuneEntry{LayerVariant{256, 3, 0, 1}, 1.0});
+  const LaunchPlanner p = fp8_planner(t);
+  const LaunchDecision& miss = p.plan(0, LayerMode::fused, 4096, LayerRequest{}).decision;
+  EXPECT_STREQ(miss.picked_by, "cost_model");
+  EXPECT_EQ(miss.tile_n, 128);
+  const LaunchDecision& hit = p.plan(0, LayerMode::fused, 16384, LayerRequest{}).decision;
+  EXPECT_STREQ(hit.picked_by, "table");
+  EXPECT_EQ(hit.tile_n, 128);
+  EXPECT_EQ(hit.n_comm, 5);
+  const LaunchDecision& l1 = p.plan(1, LayerMode::fused, 4096, LayerRequest{}).decision;
+  EXPECT_STREQ(l1.picked_by, "table");
+  EXPECT_EQ(l1.n_comm, 3);
+}
+
+}  // namespace

@@ -30,25 +30,29 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   };
 
   // ---- comet: the engine's fused steps as MoeEngine::backward runs them, on the tuner's picks.
+  LayerRequest pick;
+  pick.tile_n = o_.tile_n;
+  auto comet_forward = [&] {
+    moe.prepare(0);
+    moe.layer0(0, LayerMode::fused, pick);
+    moe.layer1(0, LayerMode::fused, pick);
+    moe.finish(0, b0);
+  };
+  auto comet_backward = [&] {  // MoeEngine::backward's steps for rank 0 (its weight gradients on the side stream)
+    moe.stage_grad(0, g0);
+    moe.grad_steps(0, g0, bo, pick, pick);
+    moe.finish_grad(0, g0);
+  };
+  // Where the records that --paired re-times in rotation are (index in `out`; -1: not made).
+  long comet_bwd = -1, comet_pair = -1, seq_bwd = -1, seq_pair = -1;
   if (o_.has_system("comet")) {
-    LayerRequest pick;
-    pick.tile_n = o_.tile_n;
-    auto forward = [&] {
-      moe.prepare(0);
-      moe.layer0(0, LayerMode::fused, pick);
-      moe.layer1(0, LayerMode::fused, pick);
-      moe.finish(0, b0);
-    };
+    auto& forward = comet_forward;
+    auto& backward = comet_backward;
     auto up_to_gates = [&] {
       moe.stage_grad(0, g0);
       moe.prepare_grad(0);
       moe.grad_layer1(0, LayerMode::fused, pick);
       moe.grad_gates(0);
-    };
-    auto backward = [&] {  // MoeEngine::backward's steps for rank 0 (its weight gradients on the side stream)
-      moe.stage_grad(0, g0);
-      moe.grad_steps(0, g0, bo, pick, pick);
-      moe.finish_grad(0, g0);
     };
     // The backward's two fused launches are the planner's launches 2 (backward of layer 1, layer 0's kind
     // of kernel) and 3 (backward of layer 0): n_comm is the first's, n_comm_l1 the second's.
@@ -65,6 +69,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     if (BWD) {
       const Timing t = time(forward, backward);
       fused_record("bwd", t, flops_bwd);
+      comet_bwd = long(out.size()) - 1;
       note(" | bwd comet %.3f", t.median_ms);
     }
     if (PAIR) {
@@ -73,6 +78,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
         backward();
       });
       fused_record("fwd+bwd", t, flops_fwd + flops_bwd);
+      comet_pair = long(out.size()) - 1;
       note(" | fwd+bwd comet %.3f", t.median_ms);
     }
     // Its weight-gradient kernels alone, where the backward runs them (after the gate partials).
@@ -94,13 +100,13 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   // ---- sequential (its forward, then its backward) and cuBLAS's weight-gradient GEMMs alone.
   const bool want_seq = o_.has_system("sequential"), want_cublas = o_.has_system("cublas");
   if (!want_seq && !want_cublas) return line;
-  auto forward = [&] {
+  auto seq_forward = [&] {
     seq.prepare(0);
     seq.layer0(0);
     seq.layer1(0);
     moe.finish(0, b0);
   };
-  auto backward = [&] {
+  auto seq_backward = [&] {
     moe.stage_grad(0, g0);
     seq.prepare_grad(0);  // reads the row counts: a host synchronisation inside the timed region
     seq.grad_layer1(0, g0, bo);
@@ -109,6 +115,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   };
   // One untimed pass leaves the backward's GEMM problems set up and its operands valid: the GEMMs alone
   // below re-run on them (each overwrites its output, so re-running is harmless).
+  auto& forward = seq_forward;
+  auto& backward = seq_backward;
   forward();
   backward();
   moe.sync_and_check();
@@ -129,6 +137,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       Record r = base(in, "bwd", "sequential");
       r.cublas_path = bwd_paths;
       add_record(out, r, t, flops_bwd, true, c);
+      seq_bwd = long(out.size()) - 1;
       note(" | bwd seq %.3f", t.median_ms);
     }
     if (PAIR) {
@@ -139,6 +148,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       Record r = base(in, "fwd+bwd", "sequential");
       r.cublas_path = fwd_paths + "/" + bwd_paths;
       add_record(out, r, t, flops_fwd + flops_bwd, true, c);
+      seq_pair = long(out.size()) - 1;
       note(" | fwd+bwd seq %.3f", t.median_ms);
     }
   }
@@ -151,6 +161,17 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     r.cublas_path = "loop";
     add_record(out, r, t, flops_wgrad, false, c);
     note(" | wgrad cublas %.3f", t.median_ms);
+  }
+  if (o_.paired) {
+    // comet's and the sequential backward (each after its own untimed forward), and the two pairs, in
+    // rotation, as the forward's --paired records are.
+    if (comet_bwd >= 0 && seq_bwd >= 0)
+      retime(out[comet_bwd], out[seq_bwd], {comet_forward, comet_backward}, {seq_forward, seq_backward}, flops_bwd,
+             true, c);
+    if (comet_pair >= 0 && seq_pair >= 0)
+      retime(out[comet_pair], out[seq_pair], {nullptr, [&] { comet_forward(); comet_backward(); }},
+             {nullptr, [&] { seq_forward(); seq_backward(); }}, flops_fwd + flops_bwd, true, c);
+    if (comet_bwd >= 0 || comet_pair >= 0) line += " | paired";
   }
   return line;
 }

@@ -47,6 +47,18 @@ TEST(Capacity, BadCapacitiesAreRefused) {
   expect_invalid([&] { resolve_capacity(kDeepSeekV3, Parallel{1, 8}, MoeCapacity{1 << 26}); }, "rows");
 }
 
+// An fp8 layer 0 exports its tokens as records (fp8.hpp: 7168 codes + 56 scales = 7392 bytes at H 7168)
+// instead of bf16 rows; every other buffer is the bf16 layer's (A keeps bf16 size: Y shares it).
+TEST(Footprint, Fp8ExportsRecords) {
+  const Parallel ep8{8, 1};
+  const MoeCapacity cap = resolve_capacity(kDeepSeekV3, ep8, MoeCapacity{4096});
+  const LayerFootprint bf16 = layer_footprint(kDeepSeekV3, ep8, cap, false);
+  const LayerFootprint fp8 = layer_footprint(kDeepSeekV3, ep8, cap, false, DType::e4m3);
+  const size_t T = 4096, H = 7168;
+  EXPECT_EQ(fp8.symmetric, bf16.symmetric - T * H * 2 + T * 7392);
+  EXPECT_EQ(fp8.compute(), bf16.compute());
+}
+
 TEST(Footprint, ExpertOutputsShareTheGatheredRowsWithoutTraining) {
   const Parallel ep8{8, 1};
   const MoeCapacity cap = resolve_capacity(kDeepSeekV3, ep8, MoeCapacity{4096});

@@ -1,31 +1,46 @@
 // The fused MoE layer across processes: every rank of an IpcTeam runs FusedMoe::forward on its own
 // tokens and checks its output against the CPU reference (every process builds the same problem from
 // the same seed; two shapes), then checks that a second run from poisoned buffers is bitwise identical,
-// and that FusedMoe::close gives the exported buffers back (collectively) and refuses later calls. Each
-// output's digest is printed (DIGEST lines), for the comparison of the two symmetric heaps.
+// and that FusedMoe::close gives the exported buffers back (collectively) and refuses later calls; the
+// same for an fp8 (e4m3) layer 0 against the fp8 oracle. Each output's digest is printed (DIGEST lines),
+// for the comparison of the two symmetric heaps.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <string>
 
+#include "comet/cuda_check.hpp"
+#include "comet/fp8.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "ipc/ops/ipc_fused.hpp"
 #include "harness/moe_problem.hpp"
+#include "kernels/fp8_quantize.hpp"
 #include "ops/moe_engine.hpp"
 
 namespace comet::ipc_test {
 
 IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
-                        testing::RoutingKind kind, uint64_t seed) {
+                        testing::RoutingKind kind, uint64_t seed, DType dtype) {
   using namespace comet::testing;
-  IpcLayer l{MoeProblem::make(shape, par, tokens, kind, seed), nullptr, nullptr};
+  IpcLayer l{MoeProblem::make(shape, par, tokens, kind, seed), nullptr, nullptr, {}, {}};
   MoeOptions options;
-  options.layer0 = forced(256, 2);
+  options.dtype = dtype;
+  options.layer0 = forced(dtype == DType::e4m3 ? 128 : 256, 2);
   options.layer1 = forced(256, 3);
   l.moe = std::make_unique<FusedMoe>(team, shape, par, MoeCapacity{l.problem.max_tokens(), 0}, options);
   l.mine = upload_rank(l.problem, team.rank());
-  l.moe->set_weights(team.rank(), l.mine->w0.get(), l.mine->w1.get());
+  if (dtype == DType::e4m3) {
+    const int El = par.local_experts(shape), H = shape.hidden;
+    const int rows = is_gated(shape.act) ? 2 * par.ffn_shard(shape) : par.ffn_shard(shape);
+    l.w0_codes = DeviceBuffer(size_t(El) * rows * H);
+    l.w0_scales = DeviceBuffer(size_t(El) * ((rows + fp8::kBlock - 1) / fp8::kBlock) * (H / fp8::kBlock) * 4);
+    kernels::quantize_weights_e4m3(l.mine->w0.get(), El, rows, H, l.w0_codes.get(), l.w0_scales.as<float>(), nullptr);
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
+    l.moe->set_weights(team.rank(), l.w0_codes.get(), l.mine->w1.get(), l.w0_scales.as<float>());
+  } else {
+    l.moe->set_weights(team.rank(), l.mine->w0.get(), l.mine->w1.get());
+  }
   return l;
 }
 
@@ -42,13 +57,14 @@ uint64_t digest(const std::vector<float>& v) {
 // One layer on every rank: the output against the reference (whole and worst row), then a second run
 // from poisoned buffers (every data buffer of the layer and the output NaN) bitwise equal to the first.
 std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
-                      testing::RoutingKind kind, uint64_t seed) {
+                      testing::RoutingKind kind, uint64_t seed, DType dtype = DType::bf16) {
   using namespace comet::testing;
   const int rank = team.rank();
   const std::string what = "fused layer (H " + std::to_string(shape.hidden) + ", k " + std::to_string(shape.topk) +
-                           ", ep " + std::to_string(par.ep) + " x tp " + std::to_string(par.tp) + "): ";
+                           ", ep " + std::to_string(par.ep) + " x tp " + std::to_string(par.tp) + ", " +
+                           to_string(dtype) + "): ";
   const size_t symmetric_before = team.symmetric_bytes_in_use();
-  const IpcLayer l = make_ipc_layer(team, shape, par, tokens, kind, seed);
+  const IpcLayer l = make_ipc_layer(team, shape, par, tokens, kind, seed, dtype);
   const MoeProblem& p = l.problem;
   FusedMoe& moe = *l.moe;
   const auto& mine = l.mine;
@@ -57,10 +73,12 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
   const auto got = mine->output();
   // One line per case and rank: scripts/gpu-test compares the lines of the CUDA IPC run with those of
   // the NVSHMEM-heap run (the results must be equal bit for bit: same plan, same kernels, same order).
-  std::printf("DIGEST H%d k%d ep%d tp%d seed %llu world %d rank %d: %016llx\n", shape.hidden, shape.topk, par.ep,
-              par.tp, (unsigned long long)seed, team.world(), rank, (unsigned long long)digest(got));
+  std::printf("DIGEST H%d k%d ep%d tp%d %s seed %llu world %d rank %d: %016llx\n", shape.hidden, shape.topk, par.ep,
+              par.tp, to_string(dtype), (unsigned long long)seed, team.world(), rank, (unsigned long long)digest(got));
   std::fflush(stdout);
-  const auto ref = reference::forward(shape, par, p.weights, p.inputs);
+  // e4m3: the oracle quantises the tokens and W0 as the layer does (reference::forward_fp8).
+  const auto ref = dtype == DType::e4m3 ? reference::forward_fp8(shape, par, p.weights, p.inputs)
+                                        : reference::forward(shape, par, p.weights, p.inputs);
   const double err = relative_error(got, ref[rank]);
   if (!(err < 1.5e-2)) return what + "relative error " + std::to_string(err) + " against the reference";
   const double worst = worst_row_error(got, ref[rank], shape.hidden);
@@ -148,6 +166,10 @@ std::string check_fused_layer(IpcTeam& team) {
   e = check_one(team, MoeShape{1024, 256, 16, 8, Activation::swiglu}, Parallel{W, 1}, zipf_tokens, RoutingKind::zipf,
                 91);
   if (!e.empty()) return e;
+  // fp8 layer 0 across processes: each rank quantises its own tokens into its exported records, which
+  // the peers' comm blocks pull.
+  e = check_one(team, shape, par, tokens, RoutingKind::uniform, 78, DType::e4m3);
+  if (!e.empty()) return e;
   if (W <= 4) {  // one_group routing needs k <= E_l = 8 / W
     e = check_peer_refusal(team);
     if (!e.empty()) return e;
@@ -162,6 +184,16 @@ std::string check_fused_layer(IpcTeam& team) {
   } catch (const InvalidArgument& e) {
     if (std::string(e.what()).find("disagree") == std::string::npos)
       return std::string("fused layer: the mismatch was refused, but not for disagreeing: ") + e.what();
+  }
+  // Likewise ranks that disagree on layer 0's dtype (their exported token rows would differ in size).
+  MoeOptions mixed;
+  mixed.dtype = rank == 0 ? DType::e4m3 : DType::bf16;
+  try {
+    FusedMoe bad(team, shape, par, MoeCapacity{p.max_tokens(), 0}, mixed);
+    return "fused layer: ranks with different dtypes were not refused";
+  } catch (const InvalidArgument& e) {
+    if (std::string(e.what()).find("disagree") == std::string::npos)
+      return std::string("fused layer: the dtype mismatch was refused, but not for disagreeing: ") + e.what();
   }
   return "";
 }

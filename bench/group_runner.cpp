@@ -9,7 +9,6 @@
 #include "comet/cuda_check.hpp"
 #include "comet/fp8.hpp"
 #include "harness/device_random.hpp"
-#include "kernels/fp8_quantize.hpp"
 
 namespace comet::bench {
 namespace {
@@ -81,11 +80,9 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   const void* w0_gemm = w0_.get();
   if (fp8()) {
     // Layer 0 multiplies W0's e4m3 codes with their 128 x 128 block scales, quantised here once.
-    w0_codes_ = testing::DeviceBuffer(size_t(el) * n0 * H);
-    w0_scales_ = testing::DeviceBuffer(size_t(el) * ((n0 + 127) / 128) * (H / 128) * 4);
-    kernels::quantize_weights_e4m3(w0_.get(), el, n0, H, w0_codes_.get(), w0_scales_.as<float>(), s0);
-    w0_scales = w0_scales_.as<float>();
-    w0_gemm = w0_codes_.get();
+    w0_fp8_ = testing::quantize_w0(s, p, w0_.get(), s0);
+    w0_scales = w0_fp8_.scale_ptr();
+    w0_gemm = w0_fp8_.codes.get();
   }
   COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
   SequentialOptions so;

@@ -14,6 +14,7 @@
 #include "models.hpp"
 #include "records.hpp"
 #include "harness/device_buffer.hpp"
+#include "harness/moe_problem.hpp"
 
 namespace comet::bench {
 
@@ -81,7 +82,7 @@ class GroupRunner {
   std::unique_ptr<LocalTeam> team_;
   std::unique_ptr<FusedMoe> moe_;
   testing::DeviceBuffer w0_, w1_;
-  testing::DeviceBuffer w0_codes_, w0_scales_;  // --dtype e4m3: W0 quantised (codes, 128 x 128 scales)
+  testing::Fp8W0 w0_fp8_;  // --dtype e4m3: W0 quantised (codes, 128 x 128 scales)
   std::vector<Rank> ranks_;
   Grads grads_;
   std::unique_ptr<SequentialMoe> seq_;

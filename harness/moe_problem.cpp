@@ -5,6 +5,9 @@
 #include <limits>
 
 #include "comet/bf16.hpp"
+#include "comet/cuda_check.hpp"
+#include "comet/fp8.hpp"
+#include "kernels/fp8_quantize.hpp"
 
 namespace comet::testing {
 
@@ -46,6 +49,15 @@ RankBatch DeviceRank::batch() const {
 std::vector<float> DeviceRank::output() const {
   const size_t n = out.bytes() / 2;
   return from_bf16(out.download<bf16_bits>(n));
+}
+
+Fp8W0 quantize_w0(const MoeShape& shape, const Parallel& par, const void* w0_bf16, cudaStream_t stream) {
+  const int El = par.local_experts(shape), rows = shape.w0_rows() / par.tp, H = shape.hidden;
+  Fp8W0 w{DeviceBuffer(size_t(El) * rows * H),
+          DeviceBuffer(size_t(El) * ((rows + fp8::kBlock - 1) / fp8::kBlock) * (H / fp8::kBlock) * sizeof(float))};
+  kernels::quantize_weights_e4m3(w0_bf16, El, rows, H, w.codes.get(), w.scales.as<float>(), stream);
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return w;
 }
 
 std::unique_ptr<DeviceRank> upload_rank(const MoeProblem& p, int rank) {

@@ -40,6 +40,15 @@ struct DeviceRank {
 
 std::unique_ptr<DeviceRank> upload_rank(const MoeProblem& p, int rank);
 
+// A rank's W0 as an fp8 layer 0 multiplies it (MoeOptions::dtype e4m3): e4m3 codes in the local layout
+// and fp32 scales of each local expert's 128 x 128 blocks, quantised on the GPU from the rank's bf16 W0
+// shard [E_l][w0 rows of the shard][H] (kernels/fp8_quantize.hpp), on `stream`, which is synchronised.
+struct Fp8W0 {
+  DeviceBuffer codes, scales;
+  const float* scale_ptr() const { return scales.as<float>(); }
+};
+Fp8W0 quantize_w0(const MoeShape& shape, const Parallel& par, const void* w0_bf16, cudaStream_t stream = nullptr);
+
 // A forced tile and comm-block count; m_group 0 leaves the rasterisation to the planner.
 inline LayerRequest forced(int tile_n, int n_comm, int m_group = 0, int n_group = 1) {
   LayerRequest r = LayerRequest::forced(tile_n, n_comm);

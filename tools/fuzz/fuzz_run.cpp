@@ -9,7 +9,6 @@
 #include "comet/weight_layout.hpp"
 #include "harness/layer_compare.hpp"
 #include "harness/moe_problem.hpp"
-#include "kernels/fp8_quantize.hpp"
 #include "ops/moe_engine.hpp"
 
 namespace comet::fuzz {
@@ -18,7 +17,7 @@ using testing::DeviceBuffer;
 
 struct FamilyRun::RankBuffers {
   DeviceBuffer w0, w1;                    // this rank's shard, kernel layout
-  DeviceBuffer w0_codes, w0_scales;       // fp8 families: w0 quantised (e4m3 codes, 128 x 128 scales)
+  testing::Fp8W0 w0_fp8;                  // fp8 families: w0 quantised (e4m3 codes, 128 x 128 scales)
   DeviceBuffer x, ids, gates, out;        // sized for max_tokens + 1 (the over-capacity fault)
   DeviceBuffer dout, dx, dgates, dw0, dw1;
 };
@@ -65,12 +64,8 @@ FamilyRun::FamilyRun(const Family& family, double timeout_s) : f_(family) {
       b->dw1 = DeviceBuffer(w.w1.size() * gbytes);
     }
     if (f_.options.dtype == DType::e4m3) {
-      const int El = par.local_experts(s), rows = w.w0_rows;
-      b->w0_codes = DeviceBuffer(size_t(El) * rows * H);
-      b->w0_scales = DeviceBuffer(size_t(El) * ((rows + 127) / 128) * (H / 128) * 4);
-      kernels::quantize_weights_e4m3(b->w0.get(), El, rows, H, b->w0_codes.get(), b->w0_scales.as<float>(), nullptr);
-      COMET_CUDA_CHECK(cudaDeviceSynchronize());
-      fused_->set_weights(r, b->w0_codes.get(), b->w1.get(), b->w0_scales.as<float>());
+      b->w0_fp8 = testing::quantize_w0(s, par, b->w0.get());
+      fused_->set_weights(r, b->w0_fp8.codes.get(), b->w1.get(), b->w0_fp8.scale_ptr());
     } else {
       fused_->set_weights(r, b->w0.get(), b->w1.get());
     }

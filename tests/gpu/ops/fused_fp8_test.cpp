@@ -1,6 +1,6 @@
 // The fused layer with an fp8 layer 0 (MoeOptions::dtype e4m3, issue 17) on W virtual ranks against the
 // fp8 CPU reference (reference::quantize_layer0 / forward over the quantised operands): tokens quantised
-// on their owner and dispatched as records, W0 quantised on the GPU (kernels/fp8_quantize.hpp), the
+// on their owner and dispatched as records, W0 quantised on the GPU (testing::quantize_w0), the
 // block-scaled wgmma GEMM. EP, TP and EP x TP, both links, the ugly routings, partial N blocks (F_s 96),
 // the sequential mode, bitwise equality across comm blocks, and the refusals.
 #include <gtest/gtest.h>
@@ -10,10 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "comet/fp8.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
-#include "kernels/fp8_quantize.hpp"
 #include "support/expect_invalid.hpp"
 #include "support/layer_checks.hpp"
 #include "support/test_shapes.hpp"
@@ -37,21 +35,6 @@ struct Fp8Case {
 
 std::ostream& operator<<(std::ostream& os, const Fp8Case& c) { return os << c.name; }
 
-// A rank's W0 as e4m3 codes and 128 x 128 block scales, quantised from its bf16 W0 on the GPU.
-struct Fp8Weights {
-  DeviceBuffer codes, scales;
-};
-
-Fp8Weights quantize_w0(const MoeProblem& p, const DeviceRank& d) {
-  const int El = p.par.local_experts(p.shape), H = p.shape.hidden;
-  const int rows = p.shape.act == Activation::swiglu ? 2 * p.par.ffn_shard(p.shape) : p.par.ffn_shard(p.shape);
-  Fp8Weights w{DeviceBuffer(size_t(El) * rows * H),
-               DeviceBuffer(size_t(El) * ((rows + fp8::kBlock - 1) / fp8::kBlock) * (H / fp8::kBlock) * 4)};
-  kernels::quantize_weights_e4m3(d.w0.get(), El, rows, H, w.codes.get(), w.scales.as<float>(), nullptr);
-  COMET_CUDA_CHECK(cudaDeviceSynchronize());
-  return w;
-}
-
 MoeOptions fp8_options(int l0_comm) {
   MoeOptions o;
   o.dtype = DType::e4m3;
@@ -67,7 +50,7 @@ struct Fp8Harness {
   FusedMoe fused;
   MoeEngine& moe;
   std::vector<std::unique_ptr<DeviceRank>> ranks;
-  std::vector<Fp8Weights> w0;
+  std::vector<Fp8W0> w0;
 
   explicit Fp8Harness(const Fp8Case& c, uint64_t seed = 1)
       : problem(MoeProblem::make(c.shape, c.par, c.tokens, c.kind, seed, c.hot)),
@@ -81,8 +64,8 @@ struct Fp8Harness {
     quantised.inputs = q.ranks;
     for (int r = 0; r < c.par.world(); ++r) {
       ranks.push_back(upload_rank(problem, r));
-      w0.push_back(quantize_w0(problem, *ranks[r]));
-      moe.set_weights(r, w0[r].codes.get(), ranks[r]->w1.get(), w0[r].scales.as<float>());
+      w0.push_back(quantize_w0(problem.shape, problem.par, ranks[r]->w0.get()));
+      moe.set_weights(r, w0[r].codes.get(), ranks[r]->w1.get(), w0[r].scale_ptr());
     }
   }
   std::vector<RankBatch> batches() const {

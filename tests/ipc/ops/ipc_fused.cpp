@@ -9,13 +9,10 @@
 #include <cstring>
 #include <string>
 
-#include "comet/cuda_check.hpp"
-#include "comet/fp8.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "ipc/ops/ipc_fused.hpp"
 #include "harness/moe_problem.hpp"
-#include "kernels/fp8_quantize.hpp"
 #include "ops/moe_engine.hpp"
 
 namespace comet::ipc_test {
@@ -23,7 +20,7 @@ namespace comet::ipc_test {
 IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
                         testing::RoutingKind kind, uint64_t seed, DType dtype) {
   using namespace comet::testing;
-  IpcLayer l{MoeProblem::make(shape, par, tokens, kind, seed), nullptr, nullptr, {}, {}};
+  IpcLayer l{MoeProblem::make(shape, par, tokens, kind, seed), nullptr, nullptr, {}};
   MoeOptions options;
   options.dtype = dtype;
   options.layer0 = forced(dtype == DType::e4m3 ? 128 : 256, 2);
@@ -31,13 +28,8 @@ IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& pa
   l.moe = std::make_unique<FusedMoe>(team, shape, par, MoeCapacity{l.problem.max_tokens(), 0}, options);
   l.mine = upload_rank(l.problem, team.rank());
   if (dtype == DType::e4m3) {
-    const int El = par.local_experts(shape), H = shape.hidden;
-    const int rows = is_gated(shape.act) ? 2 * par.ffn_shard(shape) : par.ffn_shard(shape);
-    l.w0_codes = DeviceBuffer(size_t(El) * rows * H);
-    l.w0_scales = DeviceBuffer(size_t(El) * ((rows + fp8::kBlock - 1) / fp8::kBlock) * (H / fp8::kBlock) * 4);
-    kernels::quantize_weights_e4m3(l.mine->w0.get(), El, rows, H, l.w0_codes.get(), l.w0_scales.as<float>(), nullptr);
-    COMET_CUDA_CHECK(cudaDeviceSynchronize());
-    l.moe->set_weights(team.rank(), l.w0_codes.get(), l.mine->w1.get(), l.w0_scales.as<float>());
+    l.w0_fp8 = quantize_w0(shape, par, l.mine->w0.get());
+    l.moe->set_weights(team.rank(), l.w0_fp8.codes.get(), l.mine->w1.get(), l.w0_fp8.scale_ptr());
   } else {
     l.moe->set_weights(team.rank(), l.mine->w0.get(), l.mine->w1.get());
   }

@@ -14,12 +14,12 @@ namespace comet::ipc_test {
 
 // This process's rank of a fused layer over the team: every process builds the same problem from the
 // same seed and uploads its own tokens and weight shard (forced variants: tile 256, n_comm 2 / 3; an
-// e4m3 layer: layer 0 on its 128 tile, W0 quantised on the GPU into w0_codes / w0_scales).
+// e4m3 layer: layer 0 on its 128 tile, W0 quantised on the GPU into w0_fp8).
 struct IpcLayer {
   testing::MoeProblem problem;
   std::unique_ptr<FusedMoe> moe;
   std::unique_ptr<testing::DeviceRank> mine;
-  testing::DeviceBuffer w0_codes, w0_scales;
+  testing::Fp8W0 w0_fp8;
 };
 IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
                         testing::RoutingKind kind, uint64_t seed, DType dtype = DType::bf16);

@@ -72,6 +72,24 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       comet_bwd = long(out.size()) - 1;
       note(" | bwd comet %.3f", t.median_ms);
     }
+    if (BWD) {
+      // The same steps with the weight gradients on the rank's stream after the fused launches: what
+      // running them beside grad_layer0 (the side stream) gains or costs.
+      const Timing t = time(forward, [&] {
+        moe.stage_grad(0, g0);
+        moe.prepare_grad(0);
+        moe.grad_layer1(0, LayerMode::fused, pick);
+        moe.grad_gates(0);
+        moe.grad_layer0(0, LayerMode::fused, pick);
+        moe.grad_weights1(0, g0, bo);
+        moe.grad_weights0(0, g0, bo);
+        moe.finish_grad(0, g0);
+      });
+      Record r = base(in, "bwd", "comet");
+      r.mode = "serial";
+      add_record(out, r, t, flops_bwd, true, c);
+      note(" | bwd comet serial %.3f", t.median_ms);
+    }
     if (PAIR) {
       const Timing t = time(nullptr, [&] {
         forward();
@@ -95,6 +113,22 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     r.mode = "gemm_only";
     add_record(out, r, t, flops_wgrad, false, c);
     note(" | wgrad comet %.3f", t.median_ms);
+    // Its two data-gradient GEMMs with comm off (D = G W1_e with the activation's backward, dA = dPre W0_e),
+    // on the picks the backward runs: what the backward's GEMMs cost against cuBLAS's ("dgrad" cublas).
+    const Timing td = time(
+        [&] {
+          forward();
+          moe.stage_grad(0, g0);
+          moe.prepare_grad(0);
+        },
+        [&] {
+          moe.grad_layer1(0, LayerMode::gemm_only, pick);
+          moe.grad_layer0(0, LayerMode::gemm_only, pick);
+        });
+    Record rd = base(in, "dgrad", "comet");
+    rd.mode = "gemm_only";
+    add_record(out, rd, td, flops_wgrad, false, c);
+    note(" | dgrad comet %.3f", td.median_ms);
   }
 
   // ---- sequential (its forward, then its backward) and cuBLAS's weight-gradient GEMMs alone.
@@ -161,6 +195,15 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     r.cublas_path = "loop";
     add_record(out, r, t, flops_wgrad, false, c);
     note(" | wgrad cublas %.3f", t.median_ms);
+    const Timing td = time(nullptr, [&] {
+      seq.grad_gemm1(0);
+      seq.grad_activation(0);
+      seq.grad_gemm0(0);
+    });
+    Record rd = base(in, "dgrad", "cublas");
+    rd.cublas_path = std::string(to_string(seq.options().grad1)) + "/" + to_string(seq.options().grad0);
+    add_record(out, rd, td, flops_wgrad, false, c);
+    note(" | dgrad cublas %.3f", td.median_ms);
   }
   if (o_.paired) {
     // comet's and the sequential backward (each after its own untimed forward), and the two pairs, in

@@ -138,15 +138,15 @@ std::string to_markdown(const std::vector<Record>& records, const RunInfo& info)
      << "Rank 0 of 8 virtual ranks on one GPU; medians in ms. T_gemm: comet's kernel with every row local; "
         "T_comm: its comm blocks alone at the best fused n_comm; T_seq = T_gemm + T_comm; efficiency = "
         "T_fused / max(T_gemm, T_comm) (1.0 is perfect overlap). Speedup = baseline time / comet time. "
-        "bwd: the backward after a training forward; wgrad: the weight-gradient GEMMs alone (cublas: cuBLAS, "
-        "T_gemm: comet's kernel).\n\n"
+        "bwd: the backward after a training forward; wgrad / dgrad: the weight- / data-gradient GEMMs "
+        "alone (cublas: cuBLAS, T_gemm: comet's kernels).\n\n"
      << "| model | layout | link | routing | tokens | layer | cublas (path) | T_gemm | T_comm | T_seq | "
         "T_fused (n_comm) | efficiency | tuned (n_comm) | sequential | chunked (C) | speedup vs sequential | "
         "speedup vs chunked |\n"
      << "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (const std::string& k : order) {
     const auto& rs = by_case[k];
-    for (const char* layer : {"l0", "l1", "fwd", "bwd", "fwd+bwd", "wgrad"}) {
+    for (const char* layer : {"l0", "l1", "fwd", "bwd", "fwd+bwd", "wgrad", "dgrad"}) {
       auto find = [&](const std::string& system, const std::string& mode, bool best) -> const Record* {
         for (const Record* r : rs)
           if (r->layer == layer && r->system == system && (mode.empty() || r->mode == mode) && (!best || r->best))

@@ -20,7 +20,7 @@ struct CaseKey {
 
 struct Record {
   CaseKey key;
-  std::string layer;   // l0, l1, fwd, bwd, fwd+bwd, wgrad (the weight-gradient GEMMs alone)
+  std::string layer;   // l0, l1, fwd, bwd, fwd+bwd, wgrad (the weight-gradient GEMMs alone), dgrad (the data-gradient GEMMs alone)
   std::string system;  // cublas, sequential, chunked, comet
   std::string dtype = "bf16";  // layer 0's inputs (e4m3: cublas and sequential are cuBLASLt's fp8)
   double median_ms = 0;

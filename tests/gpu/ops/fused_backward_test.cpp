@@ -237,18 +237,27 @@ TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
   EXPECT_TRUE(same(again.dw0, first.dw0) && same(again.dw1, first.dw1) && same(again.dx[0], first.dx[0]));
 }
 
-// accumulate adds into the caller's gradients: two backwards of two identical forwards give twice one.
+// accumulate adds into the caller's gradients: two backwards of two identical forwards give twice one,
+// exactly in fp32 and in bf16 too (the sum x + bf16(x) is formed in fp32 and rounded once, and x lies
+// within a quarter ulp of 2 bf16(x) from it, so it rounds to 2 bf16(x)). (Partial tiles of the weight
+// gradients, in M and N, are in MatchesReference: TP4_gelu, EP4_all_to_one_expert_top1_silu.)
 TEST(FusedBackward, AccumulateAddsToMainGrads) {
-  BwdCase c{"acc", kSmallSwiglu, {2, 1}, {100, 60}};
-  Harness h(c);
-  h.run();
-  const auto once = h.gradients();
-  h.fused.forward(h.batches());
-  h.fused.backward(h.grad_list(), nullptr, BackwardOptions{GradType::f32, true});
-  h.fused.sync_and_check();
-  const auto twice = h.gradients();
-  for (size_t i = 0; i < once.dw0.size(); ++i) ASSERT_EQ(twice.dw0[i], 2 * once.dw0[i]) << "dW0 element " << i;
-  for (size_t i = 0; i < once.dw1.size(); ++i) ASSERT_EQ(twice.dw1[i], 2 * once.dw1[i]) << "dW1 element " << i;
+  for (GradType type : {GradType::f32, GradType::bf16}) {
+    BwdCase c{"acc", kSmallSwiglu, {2, 1}, {100, 60}};
+    c.grad_type = type;
+    Harness h(c);
+    h.run();
+    const auto once = h.gradients();
+    h.fused.forward(h.batches());
+    h.fused.backward(h.grad_list(), nullptr, BackwardOptions{type, true});
+    h.fused.sync_and_check();
+    const auto twice = h.gradients();
+    const char* name = type == GradType::f32 ? "f32" : "bf16";
+    for (size_t i = 0; i < once.dw0.size(); ++i)
+      ASSERT_EQ(twice.dw0[i], 2 * once.dw0[i]) << name << " dW0 element " << i;
+    for (size_t i = 0; i < once.dw1.size(); ++i)
+      ASSERT_EQ(twice.dw1[i], 2 * once.dw1[i]) << name << " dW1 element " << i;
+  }
 }
 
 TEST(FusedBackward, RefusesWithoutASavedForward) {

@@ -90,7 +90,8 @@ class MoeEngine {
   void grad_weights0(int rank, const RankGrad& grad, const BackwardOptions& options);
   void finish_grad(int rank, const RankGrad& grad);
   // Everything between the two barriers of the fused backward (prepare_grad .. grad_weights0), with the
-  // weight gradients on a side stream beside grad_layer0: request1 / request0 are the launches of
+  // weight gradients on a side stream beside grad_layer0 (after it when grad_layer0 runs the sequential
+  // schedule, which has no comm blocks for them to hide): request1 / request0 are the launches of
   // grad_layer1 / grad_layer0 (the forward's layer 0 / layer 1 kind of kernel).
   void grad_steps(int rank, const RankGrad& grad, const BackwardOptions& options, const LayerRequest& request1,
                   const LayerRequest& request0);

@@ -16,6 +16,7 @@
 
 #include "bench_options.hpp"
 #include "comet/cuda_check.hpp"
+#include "comet/tune.hpp"
 #include "bench_routing.hpp"
 #include "group_runner.hpp"
 #include "memory_plan.hpp"
@@ -132,6 +133,16 @@ int run_sweep(int argc, char** argv) {
     device_limit = (139.0 - 6.0) * (1ull << 30);  // an H200 as the lead's machine reports it
   }
   const double host_limit = o.host_limit_gib * (1ull << 30);
+  {
+    // Which tuner table the tuned runs read: the shipped path is the build tree's, which a copy of the
+    // executables on another machine may not have (its picks then come from the cost model alone).
+    const std::string shipped = TuneTable::shipped_path(), user = TuneTable::user_path();
+    const size_t in_shipped = TuneTable::load(shipped).size(), in_user = TuneTable::load(user).size();
+    std::fprintf(stderr, "comet-bench: tuner table %s (%zu entries), user table %s (%zu entries)%s\n", shipped.c_str(),
+                 in_shipped, user.c_str(), in_user,
+                 in_shipped + in_user == 0 ? ": NONE FOUND, tuned picks come from the cost model (set COMET_TUNE_TABLE)"
+                                           : "");
+  }
 
   // ---- plan: every group, what fits, what it costs -------------------------------------------------
   std::vector<PlannedGroup> groups;

@@ -39,13 +39,19 @@ struct LayerFootprint {
   size_t flags = 0;         // tile flags and the adaptive split's picks
   size_t plan = 0;          // the routing plan and its device builder's scratch
   size_t training = 0;      // pre-activations [rows][N0_s], output gradients [rows][H], gate partials
-                            // [rows] fp32, and D [rows][F/tp] where F/tp > H (else D lives in Y)
+                            // [rows][gate_partial_columns] fp32, and D [rows][F/tp] where F/tp > H
+                            // (else D lives in Y)
   size_t symmetric = 0;     // x [T][H] (e4m3: [T] records, fp8.hpp), routing [T][k] ids + gates, receive slots [W][T][H], failure
                             // words [W] int32 (kernels/peer_failure.hpp); training:
                             // gate-gradient slots [W][T][k] fp32
   size_t compute() const { return gathered + expert_out + hidden + self_partial + flags + plan + training; }
   size_t total() const { return compute() + symmetric; }
 };
+
+// Gate-gradient partial columns per gathered row in training: one per 128 columns of F/tp (the
+// backward of layer 1's narrowest N-block), which MoeOptions::fused_activation_grad's epilogue fills;
+// the two-pass backward uses column 0.
+int gate_partial_columns(const MoeShape& shape, const Parallel& par);
 
 // `cap` must be resolved (resolve_capacity). dtype: MoeOptions::dtype (the exported tokens' rows).
 LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const MoeCapacity& cap, bool training,

@@ -6,6 +6,7 @@
 #include "comet/cuda_check.hpp"
 #include "comet/fp8.hpp"
 #include "kernels/fp8_gemm_config.cuh"
+#include "kernels/activation_grad_epilogue.cuh"
 #include "kernels/fused_layers.hpp"
 #include "kernels/layer0_kernel.cuh"
 #include "kernels/layer1_kernel.cuh"
@@ -194,10 +195,25 @@ LaunchLimits grad_layer1_limits_tile() {
 template <int TileN>
 void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream) {
   using Cfg = GradConfig<TileN>;
-  const ActivationStore epi{EpilogueOp::none, static_cast<__nv_bfloat16*>(l.d), l.ffn_shard, l.ffn_shard, nullptr};
   const DispatchArgs& d = l.dispatch;
-  launch_layer0_kernel<Cfg>(d, Cfg::make_params(d.a, l.rows_cap, d.hidden, l.w1, l.ffn_shard, l.experts),
-                            GemmExtents{l.rows_cap, l.ffn_shard, d.hidden, l.experts}, epi, l.split, stream);
+  const auto mainloop = Cfg::make_params(d.a, l.rows_cap, d.hidden, l.w1, l.ffn_shard, l.experts);
+  const GemmExtents ext{l.rows_cap, l.ffn_shard, d.hidden, l.experts};
+  if (l.fused_activation) {
+    const int n_blocks = (l.ffn_shard + TileN - 1) / TileN;
+    COMET_REQUIRE(l.pre && l.hid && l.gate_partials && l.gate_ld >= n_blocks && l.topk > 0,
+                  "backward of layer 1: the activation-backward epilogue needs pre, hid and ", n_blocks,
+                  " gate-partial columns (has ", l.gate_ld, ")");
+    COMET_REQUIRE(l.ffn_shard % 8 == 0 && l.pre_ld == (l.act == EpilogueOp::swiglu ? 2 : 1) * l.ffn_shard,
+                  "backward of layer 1: F/tp (", l.ffn_shard, ") must be a multiple of 8 and the pre-activations ",
+                  (l.act == EpilogueOp::swiglu ? 2 : 1), " x F/tp wide (", l.pre_ld, ")");
+    const ActivationGradStore epi{l.act, static_cast<__nv_bfloat16*>(l.pre), l.pre_ld,
+                                  static_cast<__nv_bfloat16*>(l.hid), l.ffn_shard, l.gate_partials, l.gate_ld,
+                                  l.topk, d.plan.row_unit, d.plan.row_slot, d.plan.unit_gates};
+    launch_layer0_kernel<Cfg>(d, mainloop, ext, epi, l.split, stream);
+    return;
+  }
+  const ActivationStore epi{EpilogueOp::none, static_cast<__nv_bfloat16*>(l.d), l.ffn_shard, l.ffn_shard, nullptr};
+  launch_layer0_kernel<Cfg>(d, mainloop, ext, epi, l.split, stream);
 }
 template <int TileN>
 LaunchLimits grad_layer0_limits_tile() {

@@ -81,17 +81,28 @@ struct Layer1Launch {
 };
 
 // Backward of layer 1 (layer 0's kernel): the comm blocks pull output-gradient rows into G
-// (dispatch.a), the compute blocks run D = G W1_e (W1 [experts][H][F_s] read N-major) and store D's
-// rows as bf16; the activation's backward follows as its own kernel (grad_rows.hpp: activation_grad).
+// (dispatch.a), the compute blocks run D = G W1_e (W1 [experts][H][F_s] read N-major) and either store
+// D's rows as bf16, the activation's backward following as its own kernel (grad_rows.hpp:
+// activation_grad), or, with fused_activation, make dPre, g h and the gate partials in the epilogue
+// (activation_grad_epilogue.cuh) and store no D.
 struct GradLayer1Launch {
   int tile_n = 256;
   const void* w1 = nullptr;  // [experts][hidden][ffn_shard]
   int ffn_shard = 0;
   int experts = 0;
   int rows_cap = 0;
-  void* d = nullptr;  // [rows_cap][ffn_shard]: D out
+  void* d = nullptr;  // [rows_cap][ffn_shard]: D out (two-pass path)
   DispatchArgs dispatch;
   GridSplit split;
+  // fused_activation: the activation-backward epilogue's operands (the plan is dispatch.plan).
+  bool fused_activation = false;
+  EpilogueOp act = EpilogueOp::swiglu;
+  void* pre = nullptr;  // [rows_cap][pre_ld]: z in, dPre out
+  int pre_ld = 0;
+  void* hid = nullptr;  // [rows_cap][ffn_shard]: h in, g h out
+  float* gate_partials = nullptr;  // [rows_cap][gate_ld]: column n_block per tile
+  int gate_ld = 0;
+  int topk = 0;
 };
 
 // Backward of layer 0 (layer 1's kernel): dA = dPre W0_e (W0 [experts][n0][H] read N-major) into y,

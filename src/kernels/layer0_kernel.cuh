@@ -19,8 +19,9 @@
 
 namespace comet::kernels {
 
-// Epi: what the compute blocks do with a finished tile (epilogue.cuh): the forward's activation
-// (ActivationStore, B = W0), or the backward of layer 1 (ActivationBackward, B = W1 read N-major).
+// Epi: what the compute blocks do with a finished tile: the forward's activation (epilogue.cuh:
+// ActivationStore, B = W0), or for the backward of layer 1 (B = W1 read N-major) D stored as bf16
+// (ActivationStore without activation) or the activation's backward (activation_grad_epilogue.cuh).
 template <class Cfg, class Epi>
 struct Layer0Params {
   typename Cfg::MainloopParams mainloop;

@@ -55,6 +55,10 @@ MoeCapacity resolve_capacity(const MoeShape& shape, const Parallel& par, const M
   return out;
 }
 
+int gate_partial_columns(const MoeShape& shape, const Parallel& par) {
+  return (par.ffn_shard(shape) + kTileM - 1) / kTileM;
+}
+
 LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const MoeCapacity& cap, bool training,
                                DType dtype) {
   COMET_REQUIRE(cap.max_rows_per_rank > 0 && cap.max_rows_per_rank % kTileM == 0,
@@ -72,7 +76,8 @@ LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const
   const PlanConfig plan{shape, par, 0, kTileM, PlanCapacity{cap.max_tokens_per_rank, cap.max_rows_per_rank}};
   f.plan = plan_bytes(plan) + plan_scratch_bytes(plan);
   if (training) {
-    f.training = alloc_size(rows * n0 * 2) + alloc_size(rows * H * 2) + alloc_size(rows * sizeof(float)) +
+    f.training = alloc_size(rows * n0 * 2) + alloc_size(rows * H * 2) +
+                 alloc_size(rows * size_t(gate_partial_columns(shape, par)) * sizeof(float)) +
                  (fs <= H ? 0 : alloc_size(rows * fs * 2));
   }
   const size_t x_row = dtype == DType::e4m3 ? size_t(fp8::record_bytes(shape.hidden)) : H * 2;

@@ -10,6 +10,7 @@
 // Saved by the forward (MoeOptions::training): A (the gathered tokens, kept anyway), the hidden rows, the
 // pre-activations (one buffer more: R x N0_s bf16), the plan and the staged routing.
 #include "comet/cuda_check.hpp"
+#include "comet/footprint.hpp"
 #include "kernels/fused_layers.hpp"
 #include "kernels/grad_rows.hpp"
 #include "kernels/local_rows.hpp"
@@ -31,7 +32,9 @@ int MoeEngine::w0_shard_rows() const {
   return is_gated(shape_.act) ? 2 * par_.ffn_shard(shape_) : par_.ffn_shard(shape_);
 }
 
-int MoeEngine::gate_blocks() const { return 1; }  // activation_grad sums each row whole
+// Gate-partial columns per row (footprint.hpp: gate_partial_columns): activation_grad sums each row
+// whole into column 0; the fused epilogue writes one per N-block of the backward of layer 1.
+int MoeEngine::gate_blocks() const { return gate_partial_columns(shape_, par_); }
 
 const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMode mode,
                                           const LayerRequest& request) const {
@@ -75,6 +78,13 @@ void MoeEngine::prepare_grad(int rank) {
   // and of the hidden rows; these are G's and A's.
   kernels::zero_padding_rows(s.grad_rows, H, El, plan, s.stream);
   kernels::zero_padding_rows(s.a, H, El, plan, s.stream);
+  s.gate_partial_blocks = 1;  // what activation_grad writes; the fused epilogue's launch says otherwise
+  if (options_.fused_activation_grad) {
+    // The epilogue writes dPre and g h on the real rows only; the padding rows the forward left must
+    // not hold NaN for the weight gradients (0 x NaN).
+    kernels::zero_padding_rows(s.pre, w0_shard_rows(), El, plan, s.stream);
+    kernels::zero_padding_rows(s.hid, par_.ffn_shard(shape_), El, plan, s.stream);
+  }
   if (s.tokens > 0) kernels::scatter_local(s.dout, s.grad_rows, H, shape_.topk, s.tokens * shape_.topk, plan, s.stream);
 }
 
@@ -93,8 +103,22 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   l.d = s.d_rows;
   l.dispatch = dispatch_args(s, s.grad_rows, UnitRange{});
   l.split = grid_split(s, planned, mode, 2);
+  l.fused_activation = options_.fused_activation_grad;
+  if (l.fused_activation) {
+    l.act = kernels::epilogue_op(shape_.act);
+    l.pre = s.pre;
+    l.pre_ld = w0_shard_rows();
+    l.hid = s.hid;
+    l.gate_partials = s.gate_partials;
+    l.gate_ld = gate_blocks();
+    l.topk = shape_.topk;
+  }
   run_schedule(l, d, /*pull=*/true, par_.world(), [&](const auto& x) { kernels::launch_grad_layer1(x, s.stream); });
   if (mode == LayerMode::comm_only) return;
+  if (l.fused_activation) {  // the epilogue did the activation's backward, one partial per N-block
+    s.gate_partial_blocks = (l.ffn_shard + d.tile_n - 1) / d.tile_n;
+    return;
+  }
   // The activation's backward over D, the saved pre-activations and hidden rows (whole-row gate
   // partials in column 0).
   kernels::ActivationGradArgs a;
@@ -118,7 +142,7 @@ void MoeEngine::grad_gates(int rank) {
   kernels::ShipGateGradsArgs a{};
   a.partials = s.gate_partials;
   a.partial_ld = gate_blocks();
-  a.blocks = 1;
+  a.blocks = s.gate_partial_blocks;
   a.peer_recv = reinterpret_cast<float* const*>(team_.peer_ptrs(gate_recv_sym_, rank));
   a.rank = rank;
   a.topk = shape_.topk;

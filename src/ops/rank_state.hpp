@@ -38,6 +38,7 @@ struct MoeEngine::RankState {
   void* pre = nullptr;            // [rows_cap][N0_s] pre-activations (dPre after grad_layer1)
   void* grad_rows = nullptr;      // G [rows_cap][H] gathered output gradients
   float* gate_partials = nullptr; // [rows_cap][gate_blocks]
+  int gate_partial_blocks = 1;    // columns of gate_partials the last backward of layer 1 wrote
   void* d_rows = nullptr;         // [rows_cap][F_s] D = G W1_e of the backward of layer 1 (Y when F_s <= H)
   bool saved = false;             // the last forward kept its activations and no backward used them yet
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)

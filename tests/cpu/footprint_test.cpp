@@ -71,8 +71,10 @@ TEST(Footprint, ExpertOutputsShareTheGatheredRowsWithoutTraining) {
   EXPECT_EQ(inf.hidden, rows * Fs * 2);
   EXPECT_EQ(inf.self_partial, T * H * 2);
   EXPECT_EQ(inf.training, 0u);
-  // Training: pre-activations (2 F_s columns), output gradients, gate partials; D lives in Y (F_s <= H).
-  EXPECT_EQ(train.training, rows * 2 * Fs * 2 + rows * H * 2 + rows * 4);
+  // Training: pre-activations (2 F_s columns), output gradients, gate partials (one per 128 columns of
+  // F_s: 16); D lives in Y (F_s <= H).
+  EXPECT_EQ(gate_partial_columns(kDeepSeekV3, ep8), 16);
+  EXPECT_EQ(train.training, rows * 2 * Fs * 2 + rows * H * 2 + rows * 16 * 4);
   // x, routing (16-byte header, ids, gates), receive slots, failure words; training adds the
   // gate-gradient slots.
   EXPECT_EQ(inf.symmetric, T * H * 2 + 16 + T * 8 * 8 + W * T * H * 2 + W * 4);
@@ -90,7 +92,7 @@ TEST(Footprint, DRowsGetTheirOwnBufferWhenWiderThanH) {
   const MoeCapacity cap = resolve_capacity(wide, p, MoeCapacity{64});
   const size_t rows = size_t(cap.max_rows_per_rank);
   const LayerFootprint f = layer_footprint(wide, p, cap, true);
-  EXPECT_EQ(f.training, rows * 1024 * 2 + rows * 256 * 2 + rows * 4 + rows * 1024 * 2);
+  EXPECT_EQ(f.training, rows * 1024 * 2 + rows * 256 * 2 + rows * 8 * 4 + rows * 1024 * 2);
   expect_invalid([&] { layer_footprint(wide, p, MoeCapacity{64, 0}, true); }, "resolved");
 }
 

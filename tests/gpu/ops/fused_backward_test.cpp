@@ -4,6 +4,7 @@
 // repeats; the refusals (no training, a second backward of one forward).
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -33,7 +34,15 @@ struct BwdCase {
   LayerRequest l1 = forced(256, 4);  // forward layer 1 and the backward of layer 0
   GradType grad_type = GradType::f32;
   int hot = 0;
+  bool fused_act = false;  // MoeOptions::fused_activation_grad
 };
+
+// The same case with the activation's backward in the GEMM's epilogue.
+BwdCase with_fused_act(BwdCase c, const char* name) {
+  c.fused_act = true;
+  c.name = name;
+  return c;
+}
 
 std::ostream& operator<<(std::ostream& os, const BwdCase& c) { return os << c.name; }
 
@@ -68,6 +77,7 @@ struct Harness {
     o.layer0 = c.l0;
     o.layer1 = c.l1;
     o.training = true;
+    o.fused_activation_grad = c.fused_act;
     return o;
   }
 
@@ -209,32 +219,84 @@ INSTANTIATE_TEST_SUITE_P(
         BwdCase{"EP4_tile128", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
                 forced(128, 3, 4, 1), forced(128, 3, 4, 2)},
         BwdCase{"EP4_sequential_schedule", kGelu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::host,
-                forced(256, 0), forced(256, 0)}),
+                forced(256, 0), forced(256, 0)},
+        // The activation's backward in the epilogue (MoeOptions::fused_activation_grad): every
+        // activation, partial N-blocks (TP 4: F_s = 96), both tiles, top-1 / top-8, a rank without
+        // tokens, the sequential schedule.
+        with_fused_act(BwdCase{"", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}}, "EP4_zero_token_rank_fused_act"),
+        with_fused_act(BwdCase{"", kGelu, {1, 4}, {50, 70, 0, 129}}, "TP4_gelu_fused_act"),
+        with_fused_act(BwdCase{"", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+                       "EP4_all_to_one_expert_top1_silu_fused_act"),
+        with_fused_act(BwdCase{"", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform, Link::host},
+                       "EP8_top8_host_fused_act"),
+        with_fused_act(BwdCase{"", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
+                               forced(128, 3, 4, 1), forced(128, 3, 4, 2)},
+                       "EP4_tile128_fused_act"),
+        with_fused_act(BwdCase{"", kGelu, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::host, forced(256, 0),
+                               forced(256, 0)},
+                       "EP2xTP2_sequential_schedule_fused_act")),
     [](const ::testing::TestParamInfo<BwdCase>& info) { return std::string(info.param.name); });
 
-// The same gradients, bitwise, whatever the comm blocks, tiles' grouping and repeats.
-TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
-  BwdCase c{"det", kTop8, {4, 1}, {200, 150, 0, 99}, RoutingKind::uniform, Link::host};
-  Harness h(c);
-  h.run_steps(forced(256, 2), forced(256, 4));
-  const auto first = h.gradients();
-  check_gradients(h);
+// The activation's backward in the epilogue computes dPre and g h with activation_grad's arithmetic on
+// D rounded to bf16, so dx, dW0 and dW1 are bitwise the two-pass path's; the gate gradients are the same
+// sums in another order (per N-block partials), equal to fp32 rounding.
+TEST(FusedBackward, FusedActivationGradIsTheTwoPassResult) {
+  const BwdCase cases[] = {
+      BwdCase{"swiglu_ep4", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
+      BwdCase{"gelu_tp4", kGelu, {1, 4}, {50, 70, 0, 129}},
+      BwdCase{"silu_one_expert", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+      BwdCase{"top8_ep2xtp2_tile128", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::uniform, Link::device,
+              forced(128, 2), forced(128, 4)},
+  };
   auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
     return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
   };
-  for (int n_comm : {1, 8, 32, 0}) {
-    h.run_steps(forced(256, n_comm, 2, 1), forced(256, n_comm, 3, 2));
-    const auto got = h.gradients();
-    for (int r = 0; r < 4; ++r) {
-      EXPECT_TRUE(same(got.dx[r], first.dx[r])) << "dx, n_comm " << n_comm << " rank " << r;
-      EXPECT_TRUE(same(got.dgates[r], first.dgates[r])) << "dgates, n_comm " << n_comm << " rank " << r;
+  for (const BwdCase& two_pass : cases) {
+    Harness a(two_pass);
+    a.run();
+    const auto want = a.gradients();
+    Harness b(with_fused_act(two_pass, two_pass.name));
+    b.run();
+    const auto got = b.gradients();
+    EXPECT_TRUE(same(got.dw0, want.dw0)) << two_pass.name << ": dW0";
+    EXPECT_TRUE(same(got.dw1, want.dw1)) << two_pass.name << ": dW1";
+    for (size_t r = 0; r < want.dx.size(); ++r) {
+      EXPECT_TRUE(same(got.dx[r], want.dx[r])) << two_pass.name << ": dx of rank " << r;
+      ASSERT_EQ(got.dgates[r].size(), want.dgates[r].size());
+      for (size_t i = 0; i < want.dgates[r].size(); ++i)
+        ASSERT_NEAR(got.dgates[r][i], want.dgates[r][i], 1e-4f * (1.f + std::fabs(want.dgates[r][i])))
+            << two_pass.name << ": dgates of rank " << r << ", element " << i;
     }
-    EXPECT_TRUE(same(got.dw0, first.dw0)) << "dW0, n_comm " << n_comm;
-    EXPECT_TRUE(same(got.dw1, first.dw1)) << "dW1, n_comm " << n_comm;
   }
-  h.run();
-  const auto again = h.gradients();
-  EXPECT_TRUE(same(again.dw0, first.dw0) && same(again.dw1, first.dw1) && same(again.dx[0], first.dx[0]));
+}
+
+// The same gradients, bitwise, whatever the comm blocks, tiles' grouping and repeats.
+TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
+  for (bool fused_act : {false, true}) {
+    BwdCase c{"det", kTop8, {4, 1}, {200, 150, 0, 99}, RoutingKind::uniform, Link::host};
+    c.fused_act = fused_act;
+    SCOPED_TRACE(fused_act ? "activation backward in the epilogue" : "activation backward as its own pass");
+    Harness h(c);
+    h.run_steps(forced(256, 2), forced(256, 4));
+    const auto first = h.gradients();
+    check_gradients(h);
+    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
+      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
+    };
+    for (int n_comm : {1, 8, 32, 0}) {
+      h.run_steps(forced(256, n_comm, 2, 1), forced(256, n_comm, 3, 2));
+      const auto got = h.gradients();
+      for (int r = 0; r < 4; ++r) {
+        EXPECT_TRUE(same(got.dx[r], first.dx[r])) << "dx, n_comm " << n_comm << " rank " << r;
+        EXPECT_TRUE(same(got.dgates[r], first.dgates[r])) << "dgates, n_comm " << n_comm << " rank " << r;
+      }
+      EXPECT_TRUE(same(got.dw0, first.dw0)) << "dW0, n_comm " << n_comm;
+      EXPECT_TRUE(same(got.dw1, first.dw1)) << "dW1, n_comm " << n_comm;
+    }
+    h.run();
+    const auto again = h.gradients();
+    EXPECT_TRUE(same(again.dw0, first.dw0) && same(again.dw1, first.dw1) && same(again.dx[0], first.dx[0]));
+  }
 }
 
 // accumulate adds into the caller's gradients: two backwards of two identical forwards give twice one,

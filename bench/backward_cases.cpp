@@ -63,7 +63,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.n_comm = moe.last_n_comm(0, 2);
       r.n_comm_l1 = moe.last_n_comm(0, 3);
       r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
-                    moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "");
+                    moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
+                    (o_.fused_activation_grad ? "+fused_act" : "");
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {
@@ -127,6 +128,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
         });
     Record rd = base(in, "dgrad", "comet");
     rd.mode = "gemm_only";
+    if (o_.fused_activation_grad) rd.picked_by = "fused_act";  // the activation's backward in the epilogue
     add_record(out, rd, td, flops_wgrad, false, c);
     note(" | dgrad comet %.3f", td.median_ms);
   }

@@ -29,7 +29,7 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   std::set<int> worlds, topks_equal_e;
   bool tp = false, ep_tp = false, top1 = false, top8 = false, k_is_e = false, host = false, device = false;
   bool tight = false, training = false, forced = false, tuned = false, odd_h = false, gelu = false, silu = false;
-  int fp8 = 0, fp8_ep_tp = 0, fp8_host = 0;
+  int fp8 = 0, fp8_ep_tp = 0, fp8_host = 0, fused_act = 0, two_pass = 0;
   for (uint64_t seed = 1; seed <= 3000; ++seed) {
     const Family f = draw_family(seed);
     const MoeShape& s = f.shape;
@@ -47,6 +47,9 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
     device |= f.link == Link::device;
     tight |= f.max_rows > 0;
     training |= f.options.training;
+    if (f.options.fused_activation_grad) ASSERT_TRUE(f.options.training) << describe(f);
+    fused_act += f.options.fused_activation_grad;
+    two_pass += f.options.training && !f.options.fused_activation_grad;
     forced |= f.options.layer0.n_comm.has_value();
     tuned |= !f.options.layer1.n_comm.has_value();
     odd_h |= s.hidden % 64 != 0;
@@ -65,6 +68,8 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   EXPECT_GT(fp8, 100);
   EXPECT_GT(fp8_ep_tp, 5);
   EXPECT_GT(fp8_host, 20);
+  EXPECT_GT(fused_act, 300);  // about half of the ~40 % training families, each way
+  EXPECT_GT(two_pass, 300);
   EXPECT_EQ(worlds, (std::set<int>{1, 2, 4, 8}));
   EXPECT_TRUE(tp && ep_tp && top1 && top8 && k_is_e && host && device && tight && training && forced && tuned && odd_h &&
               gelu && silu);

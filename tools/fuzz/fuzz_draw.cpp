@@ -96,6 +96,10 @@ Family draw_family(uint64_t seed) {
       o.dtype = DType::e4m3;
       if (o.layer0.tile_n) o.layer0.tile_n = 128;
     }
+    // Training families take the activation-backward epilogue half the time, from a stream of its own
+    // for the same reason.
+    auto act_rng = generator(seed, ~uint64_t(1));
+    o.fused_activation_grad = o.training && chance(act_rng, 0.5);
     return f;
   }
 }
@@ -202,7 +206,8 @@ std::string describe(const Family& f) {
      << (f.options.adaptive_split ? ", adaptive" : "") << (f.options.batch_invariant ? ", batch-invariant" : "")
      << ", store lag " << f.options.dispatch_store_lag
      << (f.options.training ? (f.grad_type == GradType::f32 ? ", training (f32 grads)" : ", training (bf16 grads)") : "")
-     << (f.options.dtype == DType::e4m3 ? ", fp8 layer 0" : "");
+     << (f.options.dtype == DType::e4m3 ? ", fp8 layer 0" : "")
+     << (f.options.fused_activation_grad ? ", activation backward in the epilogue" : "");
   return os.str();
 }
 

@@ -29,9 +29,10 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     line += buf;
   };
 
-  // ---- comet: the engine's fused steps as MoeEngine::backward runs them, on the tuner's picks.
+  // ---- comet: the engine's fused steps as MoeEngine::backward runs them, on the tuner's picks (the
+  // tiles too with --tuned-tile, as the forward records; else --tile-n's for every launch).
   LayerRequest pick;
-  pick.tile_n = o_.tile_n;
+  if (!o_.tuned_tile) pick.tile_n = o_.tile_n;
   auto comet_forward = [&] {
     moe.prepare(0);
     moe.layer0(0, LayerMode::fused, pick);
@@ -62,6 +63,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.tuned = true;
       r.n_comm = moe.last_n_comm(0, 2);
       r.n_comm_l1 = moe.last_n_comm(0, 3);
+      r.tile_n = moe.decision(2, 0, LayerMode::fused, pick).tile_n;  // launch 3's may differ (not recorded)
       r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
                     moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
                     (o_.fused_activation_grad ? "+fused_act" : "");

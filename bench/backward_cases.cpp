@@ -44,8 +44,15 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     moe.grad_steps(0, g0, bo, pick, pick);
     moe.finish_grad(0, g0);
   };
+  BackwardOptions bo_act = bo;  // --fused-activation-grad: the activation's backward in the epilogue
+  bo_act.fused_activation = true;
+  auto comet_backward_act = [&] {
+    moe.stage_grad(0, g0);
+    moe.grad_steps(0, g0, bo_act, pick, pick);
+    moe.finish_grad(0, g0);
+  };
   // Where the records that --paired re-times in rotation are (index in `out`; -1: not made).
-  long comet_bwd = -1, comet_pair = -1, seq_bwd = -1, seq_pair = -1;
+  long comet_bwd = -1, comet_pair = -1, seq_bwd = -1, seq_pair = -1, act_bwd = -1, act_ref = -1;
   if (o_.has_system("comet")) {
     auto& forward = comet_forward;
     auto& backward = comet_backward;
@@ -65,8 +72,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.n_comm_l1 = moe.last_n_comm(0, 3);
       r.tile_n = moe.decision(2, 0, LayerMode::fused, pick).tile_n;  // launch 3's may differ (not recorded)
       r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
-                    moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
-                    (o_.fused_activation_grad ? "+fused_act" : "");
+                    moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "");
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {
@@ -92,6 +98,19 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.mode = "serial";
       add_record(out, r, t, flops_bwd, true, c);
       note(" | bwd comet serial %.3f", t.median_ms);
+    }
+    if (BWD && o_.fused_activation_grad) {
+      // The A/B of BackwardOptions::fused_activation: mode fused_act against the same backward with the
+      // two-pass activation backward (mode two_pass), a pair of their own for --paired.
+      Record r = base(in, "bwd", "comet");
+      r.mode = "fused_act";
+      const Timing t = time(forward, comet_backward_act);
+      add_record(out, r, t, flops_bwd, true, c);
+      act_bwd = long(out.size()) - 1;
+      r.mode = "two_pass";
+      add_record(out, r, time(forward, backward), flops_bwd, true, c);
+      act_ref = long(out.size()) - 1;
+      note(" | bwd comet fused_act %.3f", t.median_ms);
     }
     if (PAIR) {
       const Timing t = time(nullptr, [&] {
@@ -130,9 +149,23 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
         });
     Record rd = base(in, "dgrad", "comet");
     rd.mode = "gemm_only";
-    if (o_.fused_activation_grad) rd.picked_by = "fused_act";  // the activation's backward in the epilogue
     add_record(out, rd, td, flops_wgrad, false, c);
     note(" | dgrad comet %.3f", td.median_ms);
+    if (o_.fused_activation_grad) {  // the same with the activation's backward in the epilogue
+      const Timing ta = time(
+          [&] {
+            forward();
+            moe.stage_grad(0, g0);
+            moe.prepare_grad(0, true);
+          },
+          [&] {
+            moe.grad_layer1(0, LayerMode::gemm_only, pick, true);
+            moe.grad_layer0(0, LayerMode::gemm_only, pick);
+          });
+      rd.picked_by = "fused_act";
+      add_record(out, rd, ta, flops_wgrad, false, c);
+      note(" | dgrad comet fused_act %.3f", ta.median_ms);
+    }
   }
 
   // ---- sequential (its forward, then its backward) and cuBLAS's weight-gradient GEMMs alone.
@@ -218,6 +251,9 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     if (comet_pair >= 0 && seq_pair >= 0)
       retime(out[comet_pair], out[seq_pair], {nullptr, [&] { comet_forward(); comet_backward(); }},
              {nullptr, [&] { seq_forward(); seq_backward(); }}, flops_fwd + flops_bwd, true, c);
+    if (act_bwd >= 0)
+      retime(out[act_bwd], out[act_ref], {comet_forward, comet_backward_act}, {comet_forward, comet_backward},
+             flops_bwd, true, c);
     if (comet_bwd >= 0 || comet_pair >= 0) line += " | paired";
   }
   return line;

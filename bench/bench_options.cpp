@@ -31,9 +31,10 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --systems LIST           cublas,comet,sequential,chunked                (default: all)
   --chunks LIST            chunked baseline's C values                    (default: 2,4,8)
   --chunk-comm-blocks N    blocks of each chunked pull / ship             (default: 16)
-  --fused-activation-grad  comet's backward of layer 1 makes dPre, g h and the gate partials in its GEMM's
-                           epilogue (MoeOptions::fused_activation_grad; the bwd, fwd+bwd and dgrad
-                           records say so in picked_by: "+fused_act")
+  --fused-activation-grad  also comet's backward with BackwardOptions::fused_activation (dPre, g h and
+                           the gate partials in the GEMM's epilogue): bwd records of mode fused_act and
+                           two_pass (an A/B pair of their own under --paired), a dgrad record with
+                           picked_by fused_act
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)

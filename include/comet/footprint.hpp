@@ -49,7 +49,7 @@ struct LayerFootprint {
 };
 
 // Gate-gradient partial columns per gathered row in training: one per 128 columns of F/tp (the
-// backward of layer 1's narrowest N-block), which MoeOptions::fused_activation_grad's epilogue fills;
+// backward of layer 1's narrowest N-block), which BackwardOptions::fused_activation's epilogue fills;
 // the two-pass backward uses column 0.
 int gate_partial_columns(const MoeShape& shape, const Parallel& par);
 

@@ -58,11 +58,6 @@ struct MoeOptions {
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),
   // plus the backward's buffers (gathered output gradients [max_rows][H] bf16, gate-gradient partials).
   bool training = false;
-  // Training: the backward of layer 1 makes dPre, g h and the gate partials in its GEMM's epilogue
-  // (src/kernels/activation_grad_epilogue.cuh) instead of storing D and running the activation's backward
-  // as a second pass over HBM. The same dx, dW0 and dW1 bit for bit; the gate gradients summed in
-  // another order. Off by default: it has not run on a GPU yet (2026-12-04).
-  bool fused_activation_grad = false;
   // Layer 0's GEMM inputs (comet/variant.hpp: DType). e4m3: every rank quantises its tokens once per
   // forward (1 x 128 blocks) and the comm blocks move the packed records, half the bytes of bf16; W0 is
   // given as e4m3 codes with 128 x 128 block scales (set_weights). Forward only (training refused).
@@ -111,6 +106,11 @@ struct RankGrad {
 struct BackwardOptions {
   GradType grad_type = GradType::bf16;
   bool accumulate = false;  // dw0 / dw1 += the gradient (a framework's main grads); else overwritten
+  // The backward of layer 1 makes dPre, g h and the gate partials in its GEMM's epilogue
+  // (src/kernels/activation_grad_epilogue.cuh) instead of storing D and running the activation's
+  // backward as a second pass over HBM. The same dx, dW0 and dW1 bit for bit; the gate gradients summed
+  // in another order. Off by default: it has not run on a GPU yet (2026-12-04).
+  bool fused_activation = false;
 };
 
 class FusedMoe {

@@ -1,5 +1,5 @@
-// The backward of layer 1 with the activation's backward in the GEMM's epilogue (MoeOptions::
-// fused_activation_grad): the compute blocks of layer 0's kernel make D = G W1_e and, per tile, turn it
+// The backward of layer 1 with the activation's backward in the GEMM's epilogue (BackwardOptions::
+// fused_activation): the compute blocks of layer 0's kernel make D = G W1_e and, per tile, turn it
 // into what activation_grad (grad_rows.cu) makes from a stored D in a second pass over HBM:
 //   dPre = act'(z) . g D  over the saved pre-activations z, in place (pre)
 //   g h                   over the saved hidden rows h, in place (hid)

@@ -33,7 +33,8 @@ int MoeEngine::w0_shard_rows() const {
 }
 
 // Gate-partial columns per row (footprint.hpp: gate_partial_columns): activation_grad sums each row
-// whole into column 0; the fused epilogue writes one per N-block of the backward of layer 1.
+// whole into column 0; the fused epilogue (BackwardOptions::fused_activation) writes one per N-block of
+// the backward of layer 1.
 int MoeEngine::gate_blocks() const { return gate_partial_columns(shape_, par_); }
 
 const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMode mode,
@@ -68,7 +69,7 @@ void MoeEngine::stage_grad(int rank, const RankGrad& g) {
                                    cudaMemcpyDefault, s.stream));
 }
 
-void MoeEngine::prepare_grad(int rank) {
+void MoeEngine::prepare_grad(int rank, bool fused_activation) {
   RankState& s = compute_state(rank);
   kernels::advance_epoch(s.sync.epoch, s.stream);
   const PlanView plan = s.plan.view();
@@ -79,7 +80,7 @@ void MoeEngine::prepare_grad(int rank) {
   kernels::zero_padding_rows(s.grad_rows, H, El, plan, s.stream);
   kernels::zero_padding_rows(s.a, H, El, plan, s.stream);
   s.gate_partial_blocks = 1;  // what activation_grad writes; the fused epilogue's launch says otherwise
-  if (options_.fused_activation_grad) {
+  if (fused_activation) {
     // The epilogue writes dPre and g h on the real rows only; the padding rows the forward left must
     // not hold NaN for the weight gradients (0 x NaN).
     kernels::zero_padding_rows(s.pre, w0_shard_rows(), El, plan, s.stream);
@@ -88,7 +89,7 @@ void MoeEngine::prepare_grad(int rank) {
   if (s.tokens > 0) kernels::scatter_local(s.dout, s.grad_rows, H, shape_.topk, s.tokens * shape_.topk, plan, s.stream);
 }
 
-void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& request) {
+void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& request, bool fused_activation) {
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
   const PlannedLaunch& planned = grad_plan(1, s, mode, request);
@@ -103,7 +104,7 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   l.d = s.d_rows;
   l.dispatch = dispatch_args(s, s.grad_rows, UnitRange{});
   l.split = grid_split(s, planned, mode, 2);
-  l.fused_activation = options_.fused_activation_grad;
+  l.fused_activation = fused_activation;
   if (l.fused_activation) {
     l.act = kernels::epilogue_op(shape_.act);
     l.pre = s.pre;
@@ -236,8 +237,8 @@ void MoeEngine::finish_grad(int rank, const RankGrad& g) {
 void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o, const LayerRequest& request1,
                            const LayerRequest& request0) {
   RankState& s = compute_state(rank);
-  prepare_grad(rank);
-  grad_layer1(rank, LayerMode::fused, request1);
+  prepare_grad(rank, o.fused_activation);
+  grad_layer1(rank, LayerMode::fused, request1, o.fused_activation);
   grad_gates(rank);
   if (grad_plan(0, s, LayerMode::fused, request0).decision.schedule == Schedule::sequential) {
     // No comm blocks to hide: grad_layer0 is a GEMM launch and then a combine launch on every SM. Beside

@@ -73,7 +73,9 @@ class MoeEngine {
   //   prepare_grad    new epoch; the rank's own dout rows into the gathered-gradient buffer G
   //   grad_layer1     pull dout rows into G + D = G W1_e (fused, layer 0's kernel; comm_only: the pull),
   //                   then the activation's backward over D: dgate partials, hidden rows *= gate,
-  //                   pre-activations -> dPre (kernels/grad_rows.hpp: activation_grad)
+  //                   pre-activations -> dPre (kernels/grad_rows.hpp: activation_grad); with
+  //                   fused_activation (BackwardOptions) in the GEMM's epilogue instead, D never stored
+  //                   (prepare_grad must have been told too: it zeroes pre's and hid's padding rows)
   //   grad_gates      the gate-gradient partials into the owners' receive slots
   //   grad_weights1   dW1_e = G_e^T (gate . hidden)_e
   //   grad_layer0     dA = dPre W0_e + combine with unit weights (fused, layer 1's kernel; comm_only: the
@@ -82,8 +84,8 @@ class MoeEngine {
   //   finish_grad     dx (the partial rows in rank order) and dgates
   void check_grad(int rank, const RankGrad& grad) const;  // the refusals of stage_grad, without its effects
   void stage_grad(int rank, const RankGrad& grad);
-  void prepare_grad(int rank);
-  void grad_layer1(int rank, LayerMode mode, const LayerRequest& request);
+  void prepare_grad(int rank, bool fused_activation = false);
+  void grad_layer1(int rank, LayerMode mode, const LayerRequest& request, bool fused_activation = false);
   void grad_gates(int rank);  // each row's gate partial (column 0) to its token's owner
   void grad_weights1(int rank, const RankGrad& grad, const BackwardOptions& options);
   void grad_layer0(int rank, LayerMode mode, const LayerRequest& request);

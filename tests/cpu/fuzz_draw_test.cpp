@@ -47,9 +47,9 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
     device |= f.link == Link::device;
     tight |= f.max_rows > 0;
     training |= f.options.training;
-    if (f.options.fused_activation_grad) ASSERT_TRUE(f.options.training) << describe(f);
-    fused_act += f.options.fused_activation_grad;
-    two_pass += f.options.training && !f.options.fused_activation_grad;
+    if (f.fused_activation) ASSERT_TRUE(f.options.training) << describe(f);
+    fused_act += f.fused_activation;
+    two_pass += f.options.training && !f.fused_activation;
     forced |= f.options.layer0.n_comm.has_value();
     tuned |= !f.options.layer1.n_comm.has_value();
     odd_h |= s.hidden % 64 != 0;

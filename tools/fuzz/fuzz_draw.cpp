@@ -99,7 +99,7 @@ Family draw_family(uint64_t seed) {
     // Training families take the activation-backward epilogue half the time, from a stream of its own
     // for the same reason.
     auto act_rng = generator(seed, ~uint64_t(1));
-    o.fused_activation_grad = o.training && chance(act_rng, 0.5);
+    f.fused_activation = o.training && chance(act_rng, 0.5);
     return f;
   }
 }
@@ -207,7 +207,7 @@ std::string describe(const Family& f) {
      << ", store lag " << f.options.dispatch_store_lag
      << (f.options.training ? (f.grad_type == GradType::f32 ? ", training (f32 grads)" : ", training (bf16 grads)") : "")
      << (f.options.dtype == DType::e4m3 ? ", fp8 layer 0" : "")
-     << (f.options.fused_activation_grad ? ", activation backward in the epilogue" : "");
+     << (f.fused_activation ? ", activation backward in the epilogue" : "");
   return os.str();
 }
 

@@ -22,6 +22,7 @@ struct Family {
   int max_rows = 0;          // MoeCapacity::max_rows_per_rank (0: the worst case; else tight, may refuse)
   MoeOptions options;        // forced or tuned variants, adaptive split, batch invariance, store lag, training
   GradType grad_type = GradType::f32;
+  bool fused_activation = false;  // BackwardOptions::fused_activation of the family's backwards
 };
 
 // What a batch does wrong on purpose, and what the layer must answer.

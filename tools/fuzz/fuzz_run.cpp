@@ -162,7 +162,7 @@ Outcome FamilyRun::run(const Batch& batch, bool check) {
   std::string error;
   try {
     fused_->forward(batches);
-    if (backward) fused_->backward(grads, nullptr, BackwardOptions{f_.grad_type, false});
+    if (backward) fused_->backward(grads, nullptr, BackwardOptions{f_.grad_type, false, f_.fused_activation});
     fused_->sync_and_check();
   } catch (const DeviceReportedError& e) {
     error = e.what();

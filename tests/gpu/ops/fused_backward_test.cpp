@@ -34,7 +34,7 @@ struct BwdCase {
   LayerRequest l1 = forced(256, 4);  // forward layer 1 and the backward of layer 0
   GradType grad_type = GradType::f32;
   int hot = 0;
-  bool fused_act = false;  // MoeOptions::fused_activation_grad
+  bool fused_act = false;  // BackwardOptions::fused_activation
 };
 
 // The same case with the activation's backward in the GEMM's epilogue.
@@ -77,7 +77,6 @@ struct Harness {
     o.layer0 = c.l0;
     o.layer1 = c.l1;
     o.training = true;
-    o.fused_activation_grad = c.fused_act;
     return o;
   }
 
@@ -128,7 +127,7 @@ struct Harness {
   void run() {
     poison();
     fused.forward(batches());
-    fused.backward(grad_list(), nullptr, BackwardOptions{c.grad_type, false});
+    fused.backward(grad_list(), nullptr, BackwardOptions{c.grad_type, false, c.fused_act});
     fused.sync_and_check();
   }
   // Forward + backward step by step with explicit variants (bl1: backward of layer 1, bl0: of layer 0).
@@ -136,12 +135,12 @@ struct Harness {
     poison();
     fused.forward(batches());
     const int W = c.par.world();
-    const BackwardOptions o{c.grad_type, false};
+    const BackwardOptions o{c.grad_type, false, c.fused_act};
     for (int r = 0; r < W; ++r) moe.stage_grad(r, grads[r].grad());
     team.barrier();
     for (int r = 0; r < W; ++r) {
-      moe.prepare_grad(r);
-      moe.grad_layer1(r, LayerMode::fused, bl1);
+      moe.prepare_grad(r, c.fused_act);
+      moe.grad_layer1(r, LayerMode::fused, bl1, c.fused_act);
       moe.grad_gates(r);
       moe.grad_weights1(r, grads[r].grad(), o);
       moe.grad_layer0(r, LayerMode::fused, bl0);
@@ -220,7 +219,7 @@ INSTANTIATE_TEST_SUITE_P(
                 forced(128, 3, 4, 1), forced(128, 3, 4, 2)},
         BwdCase{"EP4_sequential_schedule", kGelu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::host,
                 forced(256, 0), forced(256, 0)},
-        // The activation's backward in the epilogue (MoeOptions::fused_activation_grad): every
+        // The activation's backward in the epilogue (BackwardOptions::fused_activation): every
         // activation, partial N-blocks (TP 4: F_s = 96), both tiles, top-1 / top-8, a rank without
         // tokens, the sequential schedule.
         with_fused_act(BwdCase{"", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}}, "EP4_zero_token_rank_fused_act"),

@@ -23,9 +23,9 @@ class FuzzRegression : public ::testing::TestWithParam<Seed> {};
 TEST_P(FuzzRegression, EveryBatchIsRight) {
   Family f = draw_family(GetParam().family);
   // Seeds found before the activation-backward epilogue existed replay the two-pass backward they were
-  // found with (draw_family now also draws MoeOptions::fused_activation_grad, on a stream of its own);
+  // found with (draw_family now also draws BackwardOptions::fused_activation, on a stream of its own);
   // the plain samples keep the draw, so some of them run the epilogue.
-  if (*GetParam().found) f.options.fused_activation_grad = false;
+  if (*GetParam().found) f.fused_activation = false;
   FamilyRun run(f, 10.0);
   for (int i = 0; i < GetParam().batches; ++i) {
     const Batch b = draw_batch(f, i);

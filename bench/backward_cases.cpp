@@ -4,6 +4,8 @@
 // pair. Both systems run rank 0's steps only, as the forward records do: the other ranks' exported rows
 // are whatever they staged, which costs the same to pull.
 #include <cstdio>
+#include <map>
+#include <utility>
 
 #include "group_runner.hpp"
 
@@ -170,7 +172,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
 
   // ---- sequential (its forward, then its backward) and cuBLAS's weight-gradient GEMMs alone.
   const bool want_seq = o_.has_system("sequential"), want_cublas = o_.has_system("cublas");
-  if (!want_seq && !want_cublas) return line;
+  const bool want_chunked = o_.has_system("chunked") && chunked_ && BWD;
+  if (!want_seq && !want_cublas && !want_chunked) return line;
   auto seq_forward = [&] {
     seq.prepare(0);
     seq.layer0(0);
@@ -221,6 +224,45 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       add_record(out, r, t, flops_fwd + flops_bwd, true, c);
       seq_pair = long(out.size()) - 1;
       note(" | fwd+bwd seq %.3f", t.median_ms);
+    }
+  }
+  if (want_chunked) {
+    // ChunkedMoe's backward (after its own untimed forward), each C of --chunks as used, the best kept;
+    // its cuBLAS paths are the sequential backward's (the faster of each, when that system ran).
+    ChunkedMoe& chunked = *chunked_;
+    chunked.options().grad1 = seq.options().grad1;
+    chunked.options().grad0 = seq.options().grad0;
+    auto chunked_forward = [&] {
+      moe.prepare(0);
+      chunked.setup(0);
+      chunked.run(0);
+      moe.finish(0, b0);
+    };
+    auto chunked_backward = [&] {
+      moe.stage_grad(0, g0);
+      chunked.prepare_grad(0);  // reads the plan: a host synchronisation inside the timed region, as seq's
+      chunked.run_backward(0, g0, bo);
+      moe.finish_grad(0, g0);
+    };
+    std::map<int, std::pair<int, Timing>> by_used;  // used C -> (requested C, time)
+    for (int requested : o_.chunks) {
+      chunked.options().chunks = requested;
+      moe.prepare(0);
+      chunked.setup(0);
+      const int used = chunked.chunks(0);
+      if (by_used.count(used)) continue;
+      by_used[used] = {requested, time(chunked_forward, chunked_backward)};
+    }
+    auto best = by_used.begin();
+    for (auto it = by_used.begin(); it != by_used.end(); ++it)
+      if (it->second.second.median_ms < best->second.second.median_ms) best = it;
+    if (best != by_used.end()) {
+      Record r = base(in, "bwd", "chunked");
+      r.chunks = best->first;
+      r.chunks_requested = best->second.first;
+      r.cublas_path = std::string(to_string(chunked.options().grad1)) + "/" + to_string(chunked.options().grad0);
+      add_record(out, r, best->second.second, flops_bwd, true, c);
+      note(" | bwd chunked %.3f", best->second.second.median_ms);
     }
   }
   if (want_cublas) {

@@ -119,6 +119,8 @@ struct ChunkedOptions {
   int comm_blocks = 16;  // blocks of each pull / ship launch; they share the GPU with cuBLAS's kernels
   GemmPath gemm0 = GemmPath::grouped;
   GemmPath gemm1 = GemmPath::grouped;
+  GemmPath grad1 = GemmPath::grouped;  // the backward's D = G W1_e
+  GemmPath grad0 = GemmPath::grouped;  // and dA = dPre W0_e
   int tile_n = 256;  // compiled variant of FusedMoe's comm kernels
 };
 
@@ -162,6 +164,19 @@ class ChunkedMoe {
   //   layer1: stage s's GEMM1, then its ship as soon as it is done.
   void layer0(int rank);
   void layer1(int rank);
+
+  // Gradients of the last forward (the FusedMoe built with MoeOptions::training), pipelined over the
+  // same stages (chunked_backward.cpp): stage s's pull of output-gradient rows overlaps the D = G W1_e
+  // GEMM of the stage before; the activation backward runs over every row; stage s's dA = dPre W0_e then
+  // overlaps the combine of the stage before; the weight gradients (cuBLAS per expert) run last, beside
+  // the last combines. The same gradients as SequentialMoe::backward; like it, consumes the forward's
+  // saved activations.
+  void backward(const std::vector<RankGrad>& grads, const BackwardOptions& options = {});
+  // Its steps, per local rank (after moe.stage_grad of every rank and a team barrier): moe.prepare_grad,
+  // then the plan read and the stages (setup; synchronises the rank's stream) and the backward's GEMM
+  // problems; then the pipeline.
+  void prepare_grad(int rank);
+  void run_backward(int rank, const RankGrad& grad, const BackwardOptions& options);
 
   // Remote chunks actually used by the last setup(rank) (<= options().chunks).
   int chunks(int rank) const;

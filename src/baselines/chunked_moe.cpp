@@ -6,101 +6,16 @@
 // before the wait is enqueued, so every record below is enqueued before the wait that refers to it.
 #include <algorithm>
 
-#include "baselines/expert_layers.hpp"
-#include "baselines/plan_readback.hpp"
-#include "baselines/baselines.hpp"
+#include "baselines/chunked_state.hpp"
 #include "comet/cuda_check.hpp"
 
 namespace comet {
-
-using baselines::GemmProblems;
-using baselines::RowBlock;
 
 namespace {
 // Stages pulled ahead in run(): when stage i computes, the pulls of stages i+1 .. i+kLookahead are
 // already enqueued, so the link stays busy while the rank's stream waits to ship stage i.
 constexpr int kLookahead = 2;
 }  // namespace
-
-struct ChunkedMoe::RankState {
-  int rank;
-  cudaStream_t comm;               // the rank's team stream: FusedMoe's copy kernels run there
-  cudaStream_t compute = nullptr;  // owned: cuBLAS GEMMs and the activation
-  baselines::ExpertLayers layers;
-  std::unique_ptr<baselines::CublasHandle> handle;
-  baselines::PlanReader reader;
-  std::vector<ChunkStage> stages;
-  std::vector<std::unique_ptr<GemmProblems>> problems0, problems1;  // per stage (grown on demand)
-  std::vector<int> max_rows;                                        // per stage: most rows of one expert
-  std::vector<cudaEvent_t> pulled, done;                            // per stage, [W]
-  cudaEvent_t forked = nullptr, joined = nullptr;
-  bool ready = false;
-
-  RankState(const MoeEngine& moe, int r)
-      : rank(r), comm(moe.team().stream(r)), reader(moe.parallel().local_experts(moe.shape())) {
-    COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
-    handle = std::make_unique<baselines::CublasHandle>(compute);
-    const int w = moe.parallel().world();
-    pulled.assign(w, nullptr);
-    done.assign(w, nullptr);
-    for (auto* list : {&pulled, &done})
-      for (cudaEvent_t& e : *list) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    COMET_CUDA_CHECK(cudaEventCreateWithFlags(&forked, cudaEventDisableTiming));
-    COMET_CUDA_CHECK(cudaEventCreateWithFlags(&joined, cudaEventDisableTiming));
-  }
-  ~RankState() {
-    if (compute) cudaStreamSynchronize(compute);
-    problems0.clear();
-    problems1.clear();
-    handle.reset();
-    for (auto* list : {&pulled, &done})
-      for (cudaEvent_t e : *list)
-        if (e) cudaEventDestroy(e);
-    if (forked) cudaEventDestroy(forked);
-    if (joined) cudaEventDestroy(joined);
-    if (compute) cudaStreamDestroy(compute);
-  }
-  int n_stages() const { return int(stages.size()); }
-
-  // ---- the steps of one stage, each on its stream ----------------------------------------------------
-  // Pulls stage i's remote units into A (rank's stream); records pulled[i].
-  void pull(MoeEngine& moe, const ChunkedOptions& o, int i) {
-    const ChunkStage& st = stages[i];
-    if (st.unit_end > st.unit_begin)
-      moe.layer0(rank, LayerMode::comm_only, baselines::comm_variant(o.tile_n, o.comm_blocks),
-                 UnitRange{st.unit_begin, st.unit_end});
-    COMET_CUDA_CHECK(cudaEventRecord(pulled[i], comm));
-  }
-  // Weights, pre-reduces and ships stage i's finished rows to their owners (rank's stream).
-  void ship(MoeEngine& moe, const ChunkedOptions& o, int i) {
-    const ChunkStage& st = stages[i];
-    if (st.unit_end > st.unit_begin)
-      moe.layer1(rank, LayerMode::comm_only, baselines::comm_variant(o.tile_n, o.comm_blocks),
-                 UnitRange{st.unit_begin, st.unit_end});
-  }
-  // GEMM0 + activation of stage i's rows (compute stream).
-  void compute0(const MoeEngine& moe, const ChunkedOptions& o, int i) {
-    problems0[i]->run(handle->get(), o.gemm0);
-    baselines::launch_activation(layers.activation(moe, rank, stages[i].pos_begin, stages[i].pos_end), max_rows[i],
-                                 compute);
-  }
-  // GEMM1 of stage i's rows (compute stream); records done[i].
-  void compute1(const ChunkedOptions& o, int i) {
-    problems1[i]->run(handle->get(), o.gemm1);
-    COMET_CUDA_CHECK(cudaEventRecord(done[i], compute));
-  }
-  static void wait(cudaStream_t stream, cudaEvent_t e) { COMET_CUDA_CHECK(cudaStreamWaitEvent(stream, e, 0)); }
-  // The compute stream starts after everything already on the rank's stream (prepare's local rows).
-  void fork() {
-    COMET_CUDA_CHECK(cudaEventRecord(forked, comm));
-    wait(compute, forked);
-  }
-  // The rank's stream continues after everything on the compute stream.
-  void join() {
-    COMET_CUDA_CHECK(cudaEventRecord(joined, compute));
-    wait(comm, joined);
-  }
-};
 
 ChunkedMoe::ChunkedMoe(FusedMoe& moe_public, const ChunkedOptions& options) : moe_(moe_public.engine()), options_(options) {
   COMET_REQUIRE(options_.tile_n == 128 || options_.tile_n == 256, "ChunkedMoe: tile_n must be 128 or 256, got ",

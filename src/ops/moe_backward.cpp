@@ -89,7 +89,8 @@ void MoeEngine::prepare_grad(int rank, bool fused_activation) {
   if (s.tokens > 0) kernels::scatter_local(s.dout, s.grad_rows, H, shape_.topk, s.tokens * shape_.topk, plan, s.stream);
 }
 
-void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& request, bool fused_activation) {
+void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& request, bool fused_activation,
+                            UnitRange units) {
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
   const PlannedLaunch& planned = grad_plan(1, s, mode, request);
@@ -102,7 +103,8 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   l.experts = par_.local_experts(shape_);
   l.rows_cap = cap_.max_rows_per_rank;
   l.d = s.d_rows;
-  l.dispatch = dispatch_args(s, s.grad_rows, UnitRange{});
+  check_units(units, mode, "backward of layer 1");
+  l.dispatch = dispatch_args(s, s.grad_rows, units);
   l.split = grid_split(s, planned, mode, 2);
   l.fused_activation = fused_activation;
   if (l.fused_activation) {
@@ -190,7 +192,7 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
   kernels::launch_weight_grad(l, stream);
 }
 
-void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& request) {
+void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w0 || mode == LayerMode::comm_only, "FusedMoe: no weights (w0) set for rank ", rank);
   const PlannedLaunch& planned = grad_plan(0, s, mode, request);
@@ -206,7 +208,8 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   l.rows_cap = cap_.max_rows_per_rank;
   l.y = s.y;
   l.tile_done = s.sync.tile_done;
-  l.combine = combine_args(s, d.tile_n, UnitRange{}, /*unit_weights=*/true);
+  check_units(units, mode, "backward of layer 0");
+  l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/true);
   l.split = grid_split(s, planned, mode, 3);
   run_schedule(l, d, /*pull=*/false, par_.world(), [&](const auto& x) { kernels::launch_grad_layer0(x, s.stream); });
 }

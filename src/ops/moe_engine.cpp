@@ -369,7 +369,6 @@ kernels::GridSplit MoeEngine::grid_split(const RankState& s, const PlannedLaunch
   return g;
 }
 
-namespace {
 // A unit range is clamped to the plan's units on the device (the host does not know how many there
 // are); here only its form: both ends set, begin <= end.
 void check_units(UnitRange units, LayerMode mode, const char* layer) {
@@ -377,7 +376,6 @@ void check_units(UnitRange units, LayerMode mode, const char* layer) {
   COMET_REQUIRE(units.all() || (units.begin >= 0 && units.end >= units.begin), "FusedMoe ", layer, ": unit range [",
                 units.begin, ", ", units.end, ") is not a range");
 }
-}  // namespace
 
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   check_units(units, mode, "layer 0");

@@ -30,6 +30,8 @@ struct UnitRange {
   int end = -1;
   bool all() const { return begin < 0 && end < 0; }
 };
+// Refuses a range outside comm_only launches, or one that is not a range; `layer` names the launch.
+void check_units(UnitRange units, LayerMode mode, const char* layer);
 
 class MoeEngine {
  public:
@@ -85,10 +87,13 @@ class MoeEngine {
   void check_grad(int rank, const RankGrad& grad) const;  // the refusals of stage_grad, without its effects
   void stage_grad(int rank, const RankGrad& grad);
   void prepare_grad(int rank, bool fused_activation = false);
-  void grad_layer1(int rank, LayerMode mode, const LayerRequest& request, bool fused_activation = false);
+  // units (comm_only, as in layer0 / layer1): only those units' rows are pulled / shipped (the chunked
+  // baseline's stages).
+  void grad_layer1(int rank, LayerMode mode, const LayerRequest& request, bool fused_activation = false,
+                   UnitRange units = {});
   void grad_gates(int rank);  // each row's gate partial (column 0) to its token's owner
   void grad_weights1(int rank, const RankGrad& grad, const BackwardOptions& options);
-  void grad_layer0(int rank, LayerMode mode, const LayerRequest& request);
+  void grad_layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
   void grad_weights0(int rank, const RankGrad& grad, const BackwardOptions& options);
   void finish_grad(int rank, const RankGrad& grad);
   // Everything between the two barriers of the fused backward (prepare_grad .. grad_weights0), with the

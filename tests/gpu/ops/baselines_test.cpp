@@ -3,8 +3,9 @@
 // EP, TP and EP x TP, link=device and link=host, the ugly routings, both cuBLAS paths and C in {2,4,8}.
 // Each system runs on a fresh team and FusedMoe, so a partial row one system forgot to ship cannot be
 // covered by the one an earlier system wrote.
-// SequentialMoe's backward against the CPU reference backward (dx, the gate gradients, dW0, dW1), for
-// EP, TP and EP x TP, both cuBLAS paths, every activation, bf16 weight gradients and accumulation.
+// SequentialMoe's and ChunkedMoe's backwards against the CPU reference backward (dx, the gate gradients,
+// dW0, dW1), for EP, TP and EP x TP, both cuBLAS paths, every activation, bf16 weight gradients and
+// accumulation.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -273,13 +274,15 @@ struct GradBuffers {
   RankGrad grad() const { return RankGrad{dout.get(), dx.get(), dgates.as<float>(), dw0.get(), dw1.get()}; }
 };
 
-// SequentialMoe's forward and backward on a fresh layer built for training, with random output gradients.
+// SequentialMoe's (or, with chunks > 0, ChunkedMoe's) forward and backward on a fresh layer built for
+// training, with random output gradients.
 struct BackwardRun {
   Problem& p;
   GradType type;
   LocalTeam team;
   FusedMoe moe;
   SequentialMoe seq;
+  std::unique_ptr<ChunkedMoe> chunked;
   std::vector<std::vector<float>> dout;  // per rank [T][H]
   std::vector<GradBuffers> grads;
 
@@ -294,19 +297,29 @@ struct BackwardRun {
     return o;
   }
 
-  BackwardRun(Problem& problem, Link link, GemmPath path, GradType grad_type)
+  static ChunkedOptions chunked_options(GemmPath path, int chunks) {
+    ChunkedOptions o;
+    o.chunks = chunks;
+    o.comm_blocks = 8;
+    o.gemm0 = o.gemm1 = o.grad1 = o.grad0 = path;
+    return o;
+  }
+
+  BackwardRun(Problem& problem, Link link, GemmPath path, GradType grad_type, int chunks = 0)
       : p(problem),
         type(grad_type),
         team(problem.problem.par.world(), link),
         moe(team, problem.problem.shape, problem.problem.par, MoeCapacity{problem.problem.max_tokens(), 0}, training()),
         seq(moe, paths(path)) {
     team.set_timeout(3.0);  // a stalled flag fails the test in seconds, not minutes
+    if (chunks > 0) chunked = std::make_unique<ChunkedMoe>(moe, chunked_options(path, chunks));
     const MoeShape& s = p.problem.shape;
     const Parallel& par = p.problem.par;
     const int H = s.hidden, k = s.topk, El = par.local_experts(s), Fs = par.ffn_shard(s);
     const size_t wbytes = type == GradType::f32 ? 4 : 2;
     for (int r = 0; r < par.world(); ++r) {
       seq.set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
+      if (chunked) chunked->set_weights(r, p.ranks[r]->w0.get(), p.ranks[r]->w1.get());
       const int T = p.problem.inputs[r].tokens;
       dout.push_back(random_bf16_values(size_t(T) * H, 1.0f, 1000 + r));
       GradBuffers g;
@@ -322,10 +335,15 @@ struct BackwardRun {
 
   // One training forward and its backward.
   void step(bool accumulate) {
-    seq.forward(p.batches());
     std::vector<RankGrad> list;
     for (const GradBuffers& g : grads) list.push_back(g.grad());
-    seq.backward(list, BackwardOptions{type, accumulate});
+    if (chunked) {
+      chunked->forward(p.batches());
+      chunked->backward(list, BackwardOptions{type, accumulate});
+    } else {
+      seq.forward(p.batches());
+      seq.backward(list, BackwardOptions{type, accumulate});
+    }
     moe.sync_and_check();
   }
 
@@ -380,6 +398,36 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"EP4_all_to_one_expert_top1_silu", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
         Case{"EP4_zipf_host", kSmallSwiglu, {4, 1}, {300, 250, 20, 77}, RoutingKind::zipf, Link::host},
         Case{"TP2_host", kSmallSwiglu, {1, 2}, {160, 31}, RoutingKind::uniform, Link::host},
+        Case{"TP4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}},
+        Case{"EP2xTP2_top8", kTop8, {2, 2}, {80, 0, 150, 41}}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+// ChunkedMoe's backward: the same cases, in 1 and 3 remote chunks (3: as many as W - 1 at W 4, so
+// every stage has its own pull and combine), both cuBLAS paths.
+class ChunkedBackwardCase : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ChunkedBackwardCase, MatchesReference) {
+  const Case& c = GetParam();
+  Problem p(c);
+  std::unique_ptr<reference::Gradients<float>> ref;
+  for (int chunks : {1, 3})
+    for (GemmPath path : {GemmPath::grouped, GemmPath::loop}) {
+      const std::string what = "chunked backward, C " + std::to_string(chunks) + ", " + to_string(path);
+      SCOPED_TRACE(what);
+      BackwardRun run(p, c.link, path, GradType::f32, chunks);
+      if (!ref) ref = std::make_unique<reference::Gradients<float>>(run.reference());
+      run.step(false);
+      expect_gradients_match(p.problem, run.dout, *ref, run.gradients(), what);
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ChunkedBackwardCase,
+    ::testing::Values(
+        Case{"W1_single_rank", kSmallSwiglu, {1, 1}, {300}},
+        Case{"EP4_zero_token_rank", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
+        Case{"EP4_all_to_one_expert_top1_silu", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+        Case{"EP4_zipf_host", kSmallSwiglu, {4, 1}, {300, 250, 20, 77}, RoutingKind::zipf, Link::host},
         Case{"TP4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}},
         Case{"EP2xTP2_top8", kTop8, {2, 2}, {80, 0, 150, 41}}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });

@@ -158,7 +158,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
           [&] {
             forward();
             moe.stage_grad(0, g0);
-            moe.prepare_grad(0, true);
+            moe.prepare_grad(0);
           },
           [&] {
             moe.grad_layer1(0, LayerMode::gemm_only, pick, true);

@@ -12,8 +12,8 @@
 // The accesses follow store_tile (epilogue.cuh): each consumer warp stages 16 rows x 64 columns of D
 // (bf16) in its slab, then its lanes take 8-column units (4 units each, 4 different rows): one 16-byte
 // load of h and of z per unit (two for swiglu's gate and up), all issued before their stores.
-// Padding rows are not written here (the tiles cover an expert's real rows only): prepare_grad zeroes
-// those of pre and hid for the weight gradients.
+// Padding rows are not written here (the tiles cover an expert's real rows only): MoeEngine::grad_layer1
+// zeroes those of pre and hid before the launch, for the weight gradients.
 #pragma once
 
 #include <cuda_bf16.h>

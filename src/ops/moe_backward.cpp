@@ -69,7 +69,7 @@ void MoeEngine::stage_grad(int rank, const RankGrad& g) {
                                    cudaMemcpyDefault, s.stream));
 }
 
-void MoeEngine::prepare_grad(int rank, bool fused_activation) {
+void MoeEngine::prepare_grad(int rank) {
   RankState& s = compute_state(rank);
   kernels::advance_epoch(s.sync.epoch, s.stream);
   const PlanView plan = s.plan.view();
@@ -80,12 +80,6 @@ void MoeEngine::prepare_grad(int rank, bool fused_activation) {
   kernels::zero_padding_rows(s.grad_rows, H, El, plan, s.stream);
   kernels::zero_padding_rows(s.a, H, El, plan, s.stream);
   s.gate_partial_blocks = 1;  // what activation_grad writes; the fused epilogue's launch says otherwise
-  if (fused_activation) {
-    // The epilogue writes dPre and g h on the real rows only; the padding rows the forward left must
-    // not hold NaN for the weight gradients (0 x NaN).
-    kernels::zero_padding_rows(s.pre, w0_shard_rows(), El, plan, s.stream);
-    kernels::zero_padding_rows(s.hid, par_.ffn_shard(shape_), El, plan, s.stream);
-  }
   if (s.tokens > 0) kernels::scatter_local(s.dout, s.grad_rows, H, shape_.topk, s.tokens * shape_.topk, plan, s.stream);
 }
 
@@ -107,6 +101,13 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   l.dispatch = dispatch_args(s, s.grad_rows, units);
   l.split = grid_split(s, planned, mode, 2);
   l.fused_activation = fused_activation;
+  if (l.fused_activation && mode != LayerMode::comm_only) {
+    // The epilogue writes dPre and g h on the real rows only (activation_grad zeroes the padding rows
+    // as it goes); the padding rows the forward left must not hold NaN for the weight gradients.
+    const PlanView plan = s.plan.view();
+    kernels::zero_padding_rows(s.pre, w0_shard_rows(), l.experts, plan, s.stream);
+    kernels::zero_padding_rows(s.hid, l.ffn_shard, l.experts, plan, s.stream);
+  }
   if (l.fused_activation) {
     l.act = kernels::epilogue_op(shape_.act);
     l.pre = s.pre;
@@ -240,7 +241,7 @@ void MoeEngine::finish_grad(int rank, const RankGrad& g) {
 void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o, const LayerRequest& request1,
                            const LayerRequest& request0) {
   RankState& s = compute_state(rank);
-  prepare_grad(rank, o.fused_activation);
+  prepare_grad(rank);
   grad_layer1(rank, LayerMode::fused, request1, o.fused_activation);
   grad_gates(rank);
   if (grad_plan(0, s, LayerMode::fused, request0).decision.schedule == Schedule::sequential) {

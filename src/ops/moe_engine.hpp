@@ -77,7 +77,6 @@ class MoeEngine {
   //                   then the activation's backward over D: dgate partials, hidden rows *= gate,
   //                   pre-activations -> dPre (kernels/grad_rows.hpp: activation_grad); with
   //                   fused_activation (BackwardOptions) in the GEMM's epilogue instead, D never stored
-  //                   (prepare_grad must have been told too: it zeroes pre's and hid's padding rows)
   //   grad_gates      the gate-gradient partials into the owners' receive slots
   //   grad_weights1   dW1_e = G_e^T (gate . hidden)_e
   //   grad_layer0     dA = dPre W0_e + combine with unit weights (fused, layer 1's kernel; comm_only: the
@@ -86,7 +85,7 @@ class MoeEngine {
   //   finish_grad     dx (the partial rows in rank order) and dgates
   void check_grad(int rank, const RankGrad& grad) const;  // the refusals of stage_grad, without its effects
   void stage_grad(int rank, const RankGrad& grad);
-  void prepare_grad(int rank, bool fused_activation = false);
+  void prepare_grad(int rank);
   // units (comm_only, as in layer0 / layer1): only those units' rows are pulled / shipped (the chunked
   // baseline's stages).
   void grad_layer1(int rank, LayerMode mode, const LayerRequest& request, bool fused_activation = false,

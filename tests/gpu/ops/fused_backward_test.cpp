@@ -139,7 +139,7 @@ struct Harness {
     for (int r = 0; r < W; ++r) moe.stage_grad(r, grads[r].grad());
     team.barrier();
     for (int r = 0; r < W; ++r) {
-      moe.prepare_grad(r, c.fused_act);
+      moe.prepare_grad(r);
       moe.grad_layer1(r, LayerMode::fused, bl1, c.fused_act);
       moe.grad_gates(r);
       moe.grad_weights1(r, grads[r].grad(), o);

@@ -72,10 +72,12 @@ class MoELayer(nn.Module):
     with the layer's last forward: run it before the layer's next forward (comet.ops).
     Saved bytes: the training buffers are sized by max_rows (rows of each rank's gathered buffer; a token
     takes k of them, on the ranks of its experts): per row, 2 N0_s bytes of layer-0 pre-activations
-    (N0_s = 2 F/tp for swiglu, else F/tp) and the backward's 2 H + 4, plus 2 F/tp where F/tp > H (the
-    backward's D rows; else they live in a forward buffer). Per token under EP with swiglu: about
-    k (6 F + 2 H) bytes, 2 x 92.4 KiB for Mixtral-8x7B (H 4096, F 14336).
+    (N0_s = 2 F/tp for swiglu, else F/tp) and the backward's 2 H + 4 ceil(F/tp / 128), plus 2 F/tp where
+    F/tp > H (the backward's D rows; else they live in a forward buffer). Per token under EP with swiglu:
+    about k (6 F + 2 H) bytes, 2 x 92.4 KiB for Mixtral-8x7B (H 4096, F 14336).
     training=False (inference) does without them; its backward raises.
+    fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE;
+    not yet run on a GPU).
 
     fp8 (dtype=torch.float8_e4m3fn; issue 17): layer 0's GEMM runs in e4m3 with fp32 accumulation. The
     tokens stay bf16 in and out: each rank quantises its own tokens inside the layer, once per forward,
@@ -97,7 +99,7 @@ class MoELayer(nn.Module):
                  shared_ffn: int = 0,
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
-                 training: Optional[bool] = None):
+                 training: Optional[bool] = None, fused_activation_grad: bool = False):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "
@@ -113,7 +115,8 @@ class MoELayer(nn.Module):
                                max_tokens=max_tokens, max_rows=max_rows, load_factor=load_factor,
                                tile_n=tile_n, n_comm=n_comm,
                                adaptive_split=adaptive_split, batch_invariant=batch_invariant,
-                               checking=checking, training=training, dtype="e4m3" if fp8 else "bf16")
+                               checking=checking, training=training, dtype="e4m3" if fp8 else "bf16",
+                               fused_activation_grad=fused_activation_grad)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         self.expert_dtype, self.fp8 = dtype, fp8

@@ -78,6 +78,7 @@ class _Registered:
     ranks: list  # the local ranks, in the order of the ops' lists
     top_k: int
     training: bool
+    fused_activation_grad: bool = False  # BackwardOptions::fused_activation for its backwards
     tokens: tuple = ()  # tokens per rank of the last whole forward (training): what a backward pairs with
 
 
@@ -124,9 +125,13 @@ class FusedMoE:
       naming the rows it needed; its outputs are NaN). ``device_bytes_per_rank`` gives the total, and
       comet.layer_footprint the parts before a layer is built.
     training=True adds [R, N0_s] bf16 (layer 0's pre-activations, N0_s = 2 F/tp for swiglu, else F/tp),
-      [R, H] bf16 (the gathered output gradients), [R] fp32 (gate-gradient partials) and, where
-      F/tp > H, [R, F/tp] bf16 (the backward's D = G W1 rows; else they reuse the expert-output
-      buffer): 2 N0_s + 2 H + 4 (+ 2 F/tp) bytes per row of R.
+      [R, H] bf16 (the gathered output gradients), [R, ceil(F/tp / 128)] fp32 (gate-gradient partials)
+      and, where F/tp > H, [R, F/tp] bf16 (the backward's D = G W1 rows; else they reuse the
+      expert-output buffer): 2 N0_s + 2 H + 4 ceil(F/tp / 128) (+ 2 F/tp) bytes per row of R.
+    fused_activation_grad=True: the backward of layer 1 makes the activation's backward in its GEMM's
+      epilogue (BackwardOptions::fused_activation: no second pass over D; the same dx and weight
+      gradients bit for bit, the gate gradients summed in another order). Off by default: it has not
+      run on a GPU yet.
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
@@ -135,7 +140,7 @@ class FusedMoE:
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
-                 dtype="bf16"):
+                 dtype="bf16", fused_activation_grad: bool = False):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         native_dtype = _DTYPES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
@@ -157,6 +162,7 @@ class FusedMoE:
         self.team = team
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.training = activation, training
+        self.fused_activation_grad = fused_activation_grad
         self.dtype, self.fp8 = native_dtype, fp8
         self.native = _lib.C.FusedMoe(
             team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
@@ -175,7 +181,7 @@ class FusedMoE:
         self.spec = LayerSpec(hidden_size, top_k, self.local_experts, self.w0_rows, self.ffn_shard, self.max_tokens,
                               len(self.local_ranks), team.device, fp8)
         self.handle = next(_handles)
-        _registry[self.handle] = _Registered(self.native, self.local_ranks, top_k, training)
+        _registry[self.handle] = _Registered(self.native, self.local_ranks, top_k, training, fused_activation_grad)
         weakref.finalize(self, _registry.pop, self.handle, None)
 
     def last_decision(self, layer: int, rank: Optional[int] = None) -> dict:
@@ -452,10 +458,11 @@ def _moe_backward_cuda(dout, w0, w1, handle):
     stream, grad_type = _current_stream(dout[0].device), _GRAD_TYPES[w0.dtype]
     grads = [(d.data_ptr(), a.data_ptr(), g.data_ptr(), b0, b1)
              for d, a, g, b0, b1 in zip(dout, dx, dgates, _per_rank(dw0), _per_rank(dw1))]
+    fused = layer.fused_activation_grad
     if len(layer.ranks) == 1:
-        layer.native.backward1(layer.ranks[0], grads[0], stream, grad_type, False)
+        layer.native.backward1(layer.ranks[0], grads[0], stream, grad_type, False, fused_activation=fused)
     else:
-        layer.native.backward(grads, stream, grad_type, False)
+        layer.native.backward(grads, stream, grad_type, False, fused_activation=fused)
     return dx, dgates, dw0, dw1
 
 

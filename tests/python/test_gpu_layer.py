@@ -209,6 +209,24 @@ def test_gradients_match_plain_pytorch_autograd(name, kw, link):
     assert_grad_matches(got.down, want.down, f"{name} dW1")
 
 
+@pytest.mark.parametrize("name,kw,link", [GRAD_CASES[1], GRAD_CASES[2], GRAD_CASES[3], GRAD_CASES[6]],
+                         ids=[GRAD_CASES[i][0] for i in (1, 2, 3, 6)])
+def test_fused_activation_grad_is_the_two_pass_result(name, kw, link):
+    """fused_activation_grad=True (the activation's backward in the GEMM's epilogue): dx and the weights'
+    gradients bit for bit those of the two-pass backward; the gate gradients are the same sums in another
+    order."""
+    seed = zlib.crc32(name.encode()) % 1000
+    p = make_problem(seed=seed, **kw)
+    dout = random_douts(p, seed + 1)
+    two_pass = comet_grads(p, layer_for(p, link), dout)
+    fused = comet_grads(p, layer_for(p, link, fused_activation_grad=True), dout)
+    for r in range(p.world):
+        assert torch.equal(fused.dx[r], two_pass.dx[r]), f"{name} dx rank {r}"
+        torch.testing.assert_close(fused.dgates[r], two_pass.dgates[r], rtol=1e-4, atol=1e-4)
+    assert torch.equal(fused.gate_up, two_pass.gate_up), f"{name} dW0"
+    assert torch.equal(fused.down, two_pass.down), f"{name} dW1"
+
+
 def test_gradients_are_bitwise_identical_across_repeats():
     p = make_problem(hidden=512, ffn=256, experts=16, topk=8, ep=4, tokens=(200, 150, 0, 99), routing="zipf",
                      seed=17)

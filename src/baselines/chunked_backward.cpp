@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "baselines/activation_backward.hpp"
+#include "baselines/backward_driver.hpp"
 #include "baselines/chunked_state.hpp"
 
 namespace comet {
@@ -84,19 +85,10 @@ void ChunkedMoe::run_backward(int rank, const RankGrad& grad, const BackwardOpti
 }
 
 void ChunkedMoe::backward(const std::vector<RankGrad>& grads, const BackwardOptions& options) {
-  const std::vector<int> local = moe_.team().local_ranks();
-  COMET_REQUIRE(grads.size() == local.size(), "ChunkedMoe::backward: ", grads.size(), " gradients for ",
-                local.size(), " local ranks");
-  for (size_t i = 0; i < local.size(); ++i) moe_.check_grad(local[i], grads[i]);  // all refusals before any work
-  for (size_t i = 0; i < local.size(); ++i) moe_.stage_grad(local[i], grads[i]);
-  moe_.team().barrier();  // every rank's output gradients are in its exported buffer
-  for (size_t i = 0; i < local.size(); ++i) {
-    prepare_grad(local[i]);
-    run_backward(local[i], grads[i], options);
-  }
-  moe_.team().barrier();  // every input-gradient row and gate partial is in its owner's receive buffer
-  for (size_t i = 0; i < local.size(); ++i) moe_.finish_grad(local[i], grads[i]);
-  if (moe_.options().checking) moe_.sync_and_check();
+  baselines::drive_backward(moe_, "ChunkedMoe", grads, [&](int rank, const RankGrad& grad) {
+    prepare_grad(rank);
+    run_backward(rank, grad, options);
+  });
 }
 
 }  // namespace comet

@@ -2,6 +2,7 @@
 // one after the other on the rank's stream. The engine pulls the output-gradient rows (layer 0's pull,
 // comm_only), ships the gate partials and the input-gradient rows (layer 1's combine, comm_only, unit
 // weights) and finishes; cuBLAS does the four GEMMs. See baselines.hpp and expert_gemm.hpp.
+#include "baselines/backward_driver.hpp"
 #include "baselines/sequential_state.hpp"
 #include "comet/cuda_check.hpp"
 
@@ -103,20 +104,11 @@ void SequentialMoe::grad_layer0(int rank, const RankGrad& grad, const BackwardOp
 }
 
 void SequentialMoe::backward(const std::vector<RankGrad>& grads, const BackwardOptions& options) {
-  const std::vector<int> local = moe_.team().local_ranks();
-  COMET_REQUIRE(grads.size() == local.size(), "SequentialMoe::backward: ", grads.size(), " gradients for ",
-                local.size(), " local ranks");
-  for (size_t i = 0; i < local.size(); ++i) moe_.check_grad(local[i], grads[i]);  // all refusals before any work
-  for (size_t i = 0; i < local.size(); ++i) moe_.stage_grad(local[i], grads[i]);
-  moe_.team().barrier();  // every rank's output gradients are in its exported buffer
-  for (size_t i = 0; i < local.size(); ++i) {
-    prepare_grad(local[i]);
-    grad_layer1(local[i], grads[i], options);
-    grad_layer0(local[i], grads[i], options);
-  }
-  moe_.team().barrier();  // every input-gradient row and gate partial is in its owner's receive buffer
-  for (size_t i = 0; i < local.size(); ++i) moe_.finish_grad(local[i], grads[i]);
-  if (moe_.options().checking) moe_.sync_and_check();
+  baselines::drive_backward(moe_, "SequentialMoe", grads, [&](int rank, const RankGrad& grad) {
+    prepare_grad(rank);
+    grad_layer1(rank, grad, options);
+    grad_layer0(rank, grad, options);
+  });
 }
 
 }  // namespace comet

@@ -274,37 +274,45 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
 void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& table) {
   struct Case {
     json first;
+    int tile_n = 256;
     std::map<int, double> sweep;
   };
   std::map<std::string, Case> cases;
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
-    if (r.value("tile_n", 256) != 256) continue;  // the n_comm sweeps are of 128x256 tiles
+    // Each tile's n_comm sweep is a case of its own (the pick is made for that tile), e4m3 ones too.
+    const int tile = r.value("tile_n", 256);
     const std::string layer = r.value("layer", "");
     if (launch_of(r) < 0) continue;
     const std::string id = r.value("model", "") + ' ' + r.value("layout", "") + ' ' + r.value("link", "") + ' ' +
-                           r.value("routing", "") + " T=" +
-                           std::to_string(r.value("tokens_per_rank", 0)) + ' ' + layer;
+                           r.value("routing", "") + " T=" + std::to_string(r.value("tokens_per_rank", 0)) + ' ' +
+                           layer + (tile != 256 ? " tile " + std::to_string(tile) : std::string()) +
+                           (r.value("dtype", "bf16") != "bf16" ? " " + r.value("dtype", "") : std::string());
     Case& c = cases[id];
-    if (c.sweep.empty()) c.first = r;
+    if (c.sweep.empty()) {
+      c.first = r;
+      c.tile_n = tile;
+    }
     c.sweep[r.value("n_comm", 0)] = r.value("median_ms", 0.0);
   }
   int n = 0, within3 = 0, within10 = 0, unmeasured = 0;
-  std::printf("%-42s %-10s %-14s %-14s %s\n", "case", "picked_by", "pick", "best", "ratio");
+  std::printf("%-52s %-10s %-14s %-14s %s\n", "case", "picked_by", "pick", "best", "ratio");
   for (const auto& [id, c] : cases) {
     // What a launch with the adaptive split runs: the table's entry for the batch's load class if it
     // has one; else the host's pick for class 1 (table, else cost model).
     TuneKey key = key_of(c.first, sms_of(c.first.value("gpu", ""), a.sms));
     const TuneEntry* by_load = key.load > 1 ? table.find(key) : nullptr;
     key.load = 1;
+    LayerRequest at_tile;
+    at_tile.tile_n = c.tile_n;
     const TunedVariant t = by_load ? TunedVariant{by_load->variant, "table_load"}
-                                   : pick_variant(table, key, work_of(c.first, a.measured_work), tile256());
+                                   : pick_variant(table, key, work_of(c.first, a.measured_work), at_tile);
     const auto best = std::min_element(c.sweep.begin(), c.sweep.end(),
                                        [](const auto& x, const auto& y) { return x.second < y.second; });
     const auto it = c.sweep.find(t.variant.n_comm);
     if (it == c.sweep.end()) {
       ++unmeasured;
-      std::printf("%-42s %-10s n=%-2d (not in the sweep)\n", id.c_str(), t.picked_by, t.variant.n_comm);
+      std::printf("%-52s %-10s n=%-2d (not in the sweep)\n", id.c_str(), t.picked_by, t.variant.n_comm);
       continue;
     }
     const double ratio = it->second / best->second;
@@ -319,7 +327,7 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
     ++n;
     within3 += ratio <= 1.03;
     within10 += ratio <= 1.10;
-    std::printf("%-42s %-10s n=%-2d %7.3f ms  n=%-2d %7.3f ms  %.3f\n", id.c_str(), t.picked_by, t.variant.n_comm,
+    std::printf("%-52s %-10s n=%-2d %7.3f ms  n=%-2d %7.3f ms  %.3f\n", id.c_str(), t.picked_by, t.variant.n_comm,
                 it->second, best->first, best->second, ratio);
   }
   std::printf("comet-tune: %d picks: %d within 3 %% of the sweep's best, %d within 10 %%; %d not in the sweep\n", n,

@@ -194,8 +194,9 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   forward();
   backward();
   moe.sync_and_check();
-  if (want_seq) {
-    // The backward's data GEMMs (D = G W1_e, dA = dPre W0_e) through the faster cuBLAS path of each.
+  if (want_seq || want_chunked) {
+    // The backward's data GEMMs (D = G W1_e, dA = dPre W0_e) through the faster cuBLAS path of each, for
+    // both baselines (the chunked one takes the sequential one's paths below).
     for (GemmPath* path : {&seq.options().grad1, &seq.options().grad0}) {
       Timing t[2];
       for (GemmPath p : {GemmPath::grouped, GemmPath::loop}) {
@@ -204,6 +205,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       }
       *path = t[1].median_ms < t[0].median_ms ? GemmPath::loop : GemmPath::grouped;
     }
+  }
+  if (want_seq) {
     const std::string fwd_paths = std::string(to_string(seq.options().gemm0)) + "/" + to_string(seq.options().gemm1);
     const std::string bwd_paths = std::string(to_string(seq.options().grad1)) + "/" + to_string(seq.options().grad0);
     if (BWD) {
@@ -228,7 +231,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   }
   if (want_chunked) {
     // ChunkedMoe's backward (after its own untimed forward), each C of --chunks as used, the best kept;
-    // its cuBLAS paths are the sequential backward's (the faster of each, when that system ran).
+    // its cuBLAS paths are the sequential backward's (the faster of each, chosen above).
     ChunkedMoe& chunked = *chunked_;
     chunked.options().grad1 = seq.options().grad1;
     chunked.options().grad0 = seq.options().grad0;

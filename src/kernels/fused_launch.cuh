@@ -28,6 +28,14 @@ LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads) {
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   COMET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   COMET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
+  if (per_sm <= 0) {  // a persistent grid of 0 blocks would do nothing, silently
+    cudaFuncAttributes a{};
+    COMET_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
+    throw CudaError(detail::concat("a fused kernel cannot be resident on this GPU: ", threads, " threads, ", smem_bytes,
+                           " B of dynamic shared memory, ", a.numRegs, " registers, ", a.sharedSizeBytes,
+                           " B of static shared memory, ", a.localSizeBytes, " B of local memory, at most ",
+                           a.maxThreadsPerBlock, " threads per block"));
+  }
   const LaunchLimits lim{sms, sms * per_sm};
   if (device < kMaxDevices) cache[device] = lim;
   return lim;

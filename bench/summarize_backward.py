@@ -1,0 +1,127 @@
+"""Summary tables of comet-bench backward results (markdown): the backward of one layer against the
+sequential and chunked baselines, the weight- and data-gradient GEMMs against cuBLAS, and, where a file
+has them, forward + backward and the activation-backward epilogue's A/B.
+
+    python3 bench/summarize_backward.py RESULTS.json [...] > bench/results/SUMMARY_backward.md
+
+Records used (comet-bench --layers bwd[,fwd+bwd] --systems comet,sequential,chunked,cublas --paired):
+  bwd comet (mode fused, paired) and bwd sequential (paired): timed in rotation, so their ratio does not
+  depend on the power-capped H200's clock drift; bwd chunked (best C): timed on its own;
+  wgrad / dgrad comet (gemm_only) and cublas: the backward's GEMMs alone;
+  fwd+bwd comet / sequential (paired); bwd comet modes two_pass / fused_act (--fused-activation-grad).
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def load(paths):
+    recs = []
+    for p in paths:
+        data = json.load(open(p))
+        recs += data if isinstance(data, list) else data["records"]
+    return recs
+
+
+def by_case(recs):
+    cases = defaultdict(list)
+    for r in recs:
+        cases[(r["link"], r["model"], r["layout"], r["tokens_per_rank"])].append(r)
+    return cases
+
+
+def find(rs, layer, system, mode=None, paired=None):
+    out = [r for r in rs if r["layer"] == layer and r["system"] == system
+           and (mode is None or r.get("mode") == mode)
+           and (paired is None or bool(r.get("paired")) == paired)]
+    return min(out, key=lambda r: r["median_ms"]) if out else None
+
+
+def ratio(num, den):
+    return num["median_ms"] / den["median_ms"] if num and den else None
+
+
+def fmt(x, spec=".3f", suffix=""):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def summary_line(name, values):
+    v = [x for x in values if x is not None]
+    if not v:
+        return f"- {name}: no cases"
+    below = sum(x < 1.0 for x in v)
+    return (f"- {name}: median {statistics.median(v):.3f}, lowest {min(v):.3f}, highest {max(v):.3f}, "
+            f"{below} of {len(v)} below 1.00")
+
+
+def link_table(link, cases):
+    print(f"\n### {link} link (rank 0 of 8, uniform routing)\n")
+    print("| model | layout | tokens | comet bwd ms | sequential ms | chunked ms (C) | seq / comet | "
+          "chunked / comet | wgrad TFLOP/s comet / cuBLAS | dgrad TFLOP/s comet / cuBLAS | fwd+bwd seq / comet |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    vs_seq, vs_chunked, wgrad, dgrad, fwd_bwd = [], [], [], [], []
+    for key in sorted(k for k in cases if k[0] == link):
+        rs = cases[key]
+        comet = find(rs, "bwd", "comet", "fused", paired=True)
+        seq = find(rs, "bwd", "sequential", paired=True)
+        if not comet or not seq:
+            continue
+        chunked = find(rs, "bwd", "chunked")
+        wc, wb = find(rs, "wgrad", "comet"), find(rs, "wgrad", "cublas")
+        dc, db = find(rs, "dgrad", "comet", "gemm_only"), find(rs, "dgrad", "cublas")
+        fc, fs = find(rs, "fwd+bwd", "comet", "fused", paired=True), find(rs, "fwd+bwd", "sequential", paired=True)
+        s, c, f = ratio(seq, comet), ratio(chunked, comet), ratio(fs, fc)
+        w, d = ratio(wb, wc), ratio(db, dc)
+        vs_seq.append(s)
+        vs_chunked.append(c)
+        wgrad.append(w)
+        dgrad.append(d)
+        fwd_bwd.append(f)
+        chunk_cell = f"{chunked['median_ms']:.3f} ({chunked.get('chunks', '?')})" if chunked else "-"
+        tf = lambda a, b: f"{a['tflops']:.0f} / {b['tflops']:.0f}" if a and b else "-"
+        print(f"| {key[1]} | {key[2]} | {key[3]} | {comet['median_ms']:.3f} | {seq['median_ms']:.3f} | {chunk_cell} | "
+              f"{fmt(s, suffix='x')} | {fmt(c, suffix='x')} | {tf(wc, wb)} | {tf(dc, db)} | {fmt(f, suffix='x')} |")
+    print()
+    print(summary_line("backward, sequential / comet (paired)", vs_seq))
+    print(summary_line("backward, chunked / comet (chunked timed on its own)", vs_chunked))
+    print(summary_line("weight gradients, cuBLAS time / comet time", wgrad))
+    print(summary_line("data gradients (GEMMs alone), cuBLAS time / comet time", dgrad))
+    print(summary_line("forward + backward, sequential / comet (paired)", fwd_bwd))
+
+
+def fused_activation_table(cases):
+    pairs = []
+    for key in sorted(cases):
+        rs = cases[key]
+        two, fused = find(rs, "bwd", "comet", "two_pass", True), find(rs, "bwd", "comet", "fused_act", True)
+        if two and fused:
+            pairs.append((key, ratio(two, fused)))
+    if not pairs:
+        return
+    print("\n### Activation backward in the epilogue (BackwardOptions::fused_activation), paired with two passes\n")
+    for link in sorted({k[0] for k, _ in pairs}):
+        print(summary_line(f"{link} link, two-pass time / fused time", [r for k, r in pairs if k[0] == link]))
+
+
+def main(paths):
+    # One section per file: records of different runs are never mixed, so that a paired ratio stays one
+    # run's rotation.
+    print("# comet-bench backward summary\n")
+    print("Medians of >= 10 CUDA-event-timed repeats; 'paired' ratios come from runs timed in rotation. "
+          "Ratios above 1 favour comet.")
+    for path in paths:
+        recs = load([path])
+        gpu = recs[0].get("gpu", "?") if recs else "?"
+        commits = ", ".join(sorted({r.get("commit", "?") for r in recs}))
+        print(f"\n## `{path}` ({gpu}, commit {commits})")
+        cases = by_case(recs)
+        for link in sorted({k[0] for k in cases}):
+            link_table(link, cases)
+        fused_activation_table(cases)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    main(sys.argv[1:])

@@ -23,7 +23,12 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   const double flops_wgrad = flops_fwd, flops_bwd = 2 * flops_fwd;
   const bool BWD = o_.has_layer("bwd"), PAIR = o_.has_layer("fwd+bwd");
   const RankGrad g0 = grads_.grad();
-  const BackwardOptions bo{};  // bf16 weight gradients, overwritten
+  BackwardOptions bo{};  // bf16 weight gradients, overwritten
+  if (o_.grouped_wgrad) bo.weight_grad_kernel = WeightGradKernel::grouped;
+  BackwardOptions bo_grouped = bo;  // the "wgrad comet" record of mode grouped
+  bo_grouped.weight_grad_kernel = WeightGradKernel::grouped;
+  BackwardOptions bo_persistent = bo;
+  bo_persistent.weight_grad_kernel = WeightGradKernel::persistent;
   std::string line;
   auto note = [&](const char* fmt, double v) {
     char buf[64];
@@ -74,7 +79,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.n_comm_l1 = moe.last_n_comm(0, 3);
       r.tile_n = moe.decision(2, 0, LayerMode::fused, pick).tile_n;  // launch 3's may differ (not recorded)
       r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
-                    moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "");
+                    moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
+                    (o_.grouped_wgrad ? "+grouped_wgrad" : "");
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {
@@ -123,20 +129,24 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       comet_pair = long(out.size()) - 1;
       note(" | fwd+bwd comet %.3f", t.median_ms);
     }
-    // Its weight-gradient kernels alone, where the backward runs them (after the gate partials).
-    const Timing t = time(
-        [&] {
-          forward();
-          up_to_gates();
-        },
-        [&] {
-          moe.grad_weights1(0, g0, bo);
-          moe.grad_weights0(0, g0, bo);
-        });
-    Record r = base(in, "wgrad", "comet");
-    r.mode = "gemm_only";
-    add_record(out, r, t, flops_wgrad, false, c);
-    note(" | wgrad comet %.3f", t.median_ms);
+    // Its weight-gradient kernels alone, where the backward runs them (after the gate partials): the
+    // persistent kernel (mode gemm_only) and CUTLASS's grouped ping-pong GEMM (mode grouped).
+    for (const BackwardOptions* w : {&bo_persistent, &bo_grouped}) {
+      const Timing t = time(
+          [&] {
+            forward();
+            up_to_gates();
+          },
+          [&] {
+            moe.grad_weights1(0, g0, *w);
+            moe.grad_weights0(0, g0, *w);
+          });
+      const bool grouped = w->weight_grad_kernel == WeightGradKernel::grouped;
+      Record r = base(in, "wgrad", "comet");
+      r.mode = grouped ? "grouped" : "gemm_only";
+      add_record(out, r, t, flops_wgrad, false, c);
+      note(grouped ? " | wgrad comet grouped %.3f" : " | wgrad comet %.3f", t.median_ms);
+    }
     // Its two data-gradient GEMMs with comm off (D = G W1_e with the activation's backward, dA = dPre W0_e),
     // on the picks the backward runs: what the backward's GEMMs cost against cuBLAS's ("dgrad" cublas).
     const Timing td = time(

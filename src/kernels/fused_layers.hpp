@@ -135,6 +135,11 @@ struct WeightGradLaunch {
   void* out = nullptr;
   bool out_f32 = false;
   bool accumulate = false;
+  // CUTLASS's grouped ping-pong GEMM (weight_grad_grouped.cu) instead of the persistent kernel
+  // (weight_grad_kernel.cuh); it needs weight_grad_grouped_workspace_bytes(experts) of workspace.
+  bool grouped = false;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
 };
 
 // Multiprocessors and the largest grid of these kernels that is entirely resident at once.
@@ -174,6 +179,10 @@ void launch_layer1(const Layer1Launch& l, cudaStream_t stream);
 LaunchLimits grad_layer_limits(int launch, int tile_n);  // launch 2: grad_layer1's kernel, 3: grad_layer0's
 void launch_grad_layer1(const GradLayer1Launch& l, cudaStream_t stream);
 void launch_grad_layer0(const GradLayer0Launch& l, cudaStream_t stream);
-void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);
+void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);  // either kernel, as l.grouped says
+void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream);
+// Workspace of one grouped launch over `experts` groups, on any GPU of up to kMaxWorkspaceSms
+// multiprocessors (a host computation: the layer's footprint uses it without a GPU).
+size_t weight_grad_grouped_workspace_bytes(int experts);
 
 }  // namespace comet::kernels

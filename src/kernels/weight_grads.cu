@@ -12,6 +12,10 @@ namespace comet::kernels {
 using WeightGradConfig = GemmConfig<kTileM, 256, Major::mn, Major::mn>;
 
 void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream) {
+  if (l.grouped) {
+    launch_weight_grad_grouped(l, stream);
+    return;
+  }
   using Cfg = WeightGradConfig;
   COMET_REQUIRE(l.p_cols % 8 == 0 && l.q_cols % 8 == 0 && l.p_cols > 0 && l.q_cols > 0,
                 "weight gradient: operand widths (", l.p_cols, ", ", l.q_cols, ") must be positive multiples of 8");

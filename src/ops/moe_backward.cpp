@@ -167,16 +167,16 @@ void MoeEngine::grad_weights0(int rank, const RankGrad& g, const BackwardOptions
 
 // dW1_e = G_e^T (g h)_e: P = G [rows][H], Q = the gated hidden rows [rows][F_s].
 void MoeEngine::grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream) {
-  weight_grad(s, s.grad_rows, shape_.hidden, s.hid, par_.ffn_shard(shape_), g.dw1, o, stream);
+  weight_grad(s, s.grad_rows, shape_.hidden, s.hid, par_.ffn_shard(shape_), g.dw1, o, 0, stream);
 }
 
 // dW0_e = dPre_e^T A_e: P = dPre [rows][N0_s] (over the pre-activations since grad_layer1), Q = A [rows][H].
 void MoeEngine::grad_weights0_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream) {
-  weight_grad(s, s.pre, w0_shard_rows(), s.a, shape_.hidden, g.dw0, o, stream);
+  weight_grad(s, s.pre, w0_shard_rows(), s.a, shape_.hidden, g.dw0, o, 1, stream);
 }
 
 void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const void* q, int q_cols, void* out,
-                            const BackwardOptions& o, cudaStream_t stream) const {
+                            const BackwardOptions& o, int launch, cudaStream_t stream) const {
   const PlanView plan = s.plan.view();
   kernels::WeightGradLaunch l;
   l.p = p;
@@ -190,6 +190,11 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
   l.out = out;
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
+  l.grouped = o.weight_grad_kernel == WeightGradKernel::grouped;
+  if (l.grouped) {  // launch 0 (dW1) and 1 (dW0) have workspaces of their own: they may overlap
+    l.workspace_bytes = kernels::weight_grad_grouped_workspace_bytes(l.experts);
+    l.workspace = static_cast<char*>(s.wgrad_workspace) + size_t(launch) * l.workspace_bytes;
+  }
   kernels::launch_weight_grad(l, stream);
 }
 

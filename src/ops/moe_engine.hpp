@@ -159,9 +159,10 @@ class MoeEngine {
   int token_row_bytes() const;
   // The planner's launch for the backward of `layer` (launch id 2 for layer 1, 3 for layer 0).
   void grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
-  // out_e = P_e^T Q_e over the plan's expert rows of P [rows_cap][p_cols] and Q [rows_cap][q_cols].
+  // out_e = P_e^T Q_e over the plan's expert rows of P [rows_cap][p_cols] and Q [rows_cap][q_cols]; launch 0
+  // (dW1) or 1 (dW0) picks the grouped kernel's workspace.
   void weight_grad(const RankState& s, const void* p, int p_cols, const void* q, int q_cols, void* out,
-                   const BackwardOptions& o, cudaStream_t stream) const;
+                   const BackwardOptions& o, int launch, cudaStream_t stream) const;
   // The comm roles' arguments and the final reduce's, over the rank's buffers.
   kernels::DispatchArgs dispatch_args(const RankState& s, void* rows, UnitRange units) const;
   kernels::CombineArgs combine_args(const RankState& s, int tile_n, UnitRange units, bool unit_weights) const;

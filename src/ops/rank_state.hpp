@@ -40,6 +40,7 @@ struct MoeEngine::RankState {
   float* gate_partials = nullptr; // [rows_cap][gate_blocks]
   int gate_partial_blocks = 1;    // columns of gate_partials the last backward of layer 1 wrote
   void* d_rows = nullptr;         // [rows_cap][F_s] D = G W1_e of the backward of layer 1 (Y when F_s <= H)
+  void* wgrad_workspace = nullptr;  // two grouped weight-gradient launches' workspaces (dW1, dW0)
   bool saved = false;             // the last forward kept its activations and no backward used them yet
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)
   // The weight gradients run beside grad_layer0 on a low-priority stream: they take the SMs its
@@ -62,7 +63,7 @@ struct MoeEngine::RankState {
     for (void* p : owned) release(p);
     owned.clear();
     plan = DevicePlan();
-    a = hid = hid_call = y = self_partial = pre = grad_rows = d_rows = nullptr;
+    a = hid = hid_call = y = self_partial = pre = grad_rows = d_rows = wgrad_workspace = nullptr;
     gate_partials = nullptr;
     chosen_n_comm = nullptr;
     sync = kernels::LayerSync{};

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "comet/footprint.hpp"
+#include "kernels/fused_layers.hpp"
 #include "support/expect_invalid.hpp"
 
 using namespace comet;
@@ -74,7 +75,12 @@ TEST(Footprint, ExpertOutputsShareTheGatheredRowsWithoutTraining) {
   // Training: pre-activations (2 F_s columns), output gradients, gate partials (one per 128 columns of
   // F_s: 16); D lives in Y (F_s <= H).
   EXPECT_EQ(gate_partial_columns(kDeepSeekV3, ep8), 16);
-  EXPECT_EQ(train.training, rows * 2 * Fs * 2 + rows * H * 2 + rows * 16 * 4);
+  // ... and two workspaces of the grouped weight-gradient GEMM (per-expert arguments, CUTLASS's tensor
+  // maps): small next to the rows.
+  const size_t wgrad_workspaces = 2 * kernels::weight_grad_grouped_workspace_bytes(256 / 8);
+  EXPECT_GT(wgrad_workspaces, 0u);
+  EXPECT_LT(wgrad_workspaces, size_t(4) << 20);
+  EXPECT_EQ(train.training, rows * 2 * Fs * 2 + rows * H * 2 + rows * 16 * 4 + wgrad_workspaces);
   // x, routing (16-byte header, ids, gates), receive slots, failure words; training adds the
   // gate-gradient slots.
   EXPECT_EQ(inf.symmetric, T * H * 2 + 16 + T * 8 * 8 + W * T * H * 2 + W * 4);
@@ -92,7 +98,8 @@ TEST(Footprint, DRowsGetTheirOwnBufferWhenWiderThanH) {
   const MoeCapacity cap = resolve_capacity(wide, p, MoeCapacity{64});
   const size_t rows = size_t(cap.max_rows_per_rank);
   const LayerFootprint f = layer_footprint(wide, p, cap, true);
-  EXPECT_EQ(f.training, rows * 1024 * 2 + rows * 256 * 2 + rows * 8 * 4 + rows * 1024 * 2);
+  EXPECT_EQ(f.training, rows * 1024 * 2 + rows * 256 * 2 + rows * 8 * 4 + rows * 1024 * 2 +
+                            2 * kernels::weight_grad_grouped_workspace_bytes(2));
   expect_invalid([&] { layer_footprint(wide, p, MoeCapacity{64, 0}, true); }, "resolved");
 }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 
 #include "comet/bf16.hpp"
 #include "comet/cuda_check.hpp"
@@ -36,7 +37,15 @@ struct BwdCase {
   GradType grad_type = GradType::f32;
   int hot = 0;
   bool fused_act = false;  // BackwardOptions::fused_activation
+  WeightGradKernel wgrad = WeightGradKernel::persistent;  // BackwardOptions::weight_grad_kernel
 };
+
+// The same case with the weight gradients from CUTLASS's grouped ping-pong GEMM.
+BwdCase with_grouped_wgrad(BwdCase c, const char* name) {
+  c.wgrad = WeightGradKernel::grouped;
+  c.name = name;
+  return c;
+}
 
 // The same case with the activation's backward in the GEMM's epilogue.
 BwdCase with_fused_act(BwdCase c, const char* name) {
@@ -128,7 +137,7 @@ struct Harness {
   void run() {
     poison();
     fused.forward(batches());
-    fused.backward(grad_list(), nullptr, BackwardOptions{c.grad_type, false, c.fused_act});
+    fused.backward(grad_list(), nullptr, BackwardOptions{c.grad_type, false, c.fused_act, c.wgrad});
     fused.sync_and_check();
   }
   // Forward + backward step by step with explicit variants (bl1: backward of layer 1, bl0: of layer 0).
@@ -136,7 +145,7 @@ struct Harness {
     poison();
     fused.forward(batches());
     const int W = c.par.world();
-    const BackwardOptions o{c.grad_type, false, c.fused_act};
+    const BackwardOptions o{c.grad_type, false, c.fused_act, c.wgrad};
     for (int r = 0; r < W; ++r) moe.stage_grad(r, grads[r].grad());
     team.barrier();
     for (int r = 0; r < W; ++r) {
@@ -234,7 +243,16 @@ INSTANTIATE_TEST_SUITE_P(
                        "EP4_tile128_fused_act"),
         with_fused_act(BwdCase{"", kGelu, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::host, forced(256, 0),
                                forced(256, 0)},
-                       "EP2xTP2_sequential_schedule_fused_act")),
+                       "EP2xTP2_sequential_schedule_fused_act"),
+        // The weight gradients from CUTLASS's grouped GEMM: a rank without tokens, experts without rows
+        // (M 0 groups, zeroed outputs), a partial N tile (TP 4: F_s = 96), bf16 main grads, top-8.
+        with_grouped_wgrad(BwdCase{"", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}}, "EP4_zero_token_rank_grouped_wgrad"),
+        with_grouped_wgrad(BwdCase{"", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+                           "EP4_all_to_one_expert_top1_silu_grouped_wgrad"),
+        with_grouped_wgrad(BwdCase{"", kGelu, {1, 4}, {50, 70, 0, 129}}, "TP4_gelu_grouped_wgrad"),
+        with_grouped_wgrad(BwdCase{"", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::uniform, Link::host,
+                                   forced(256, 2), forced(256, 4), GradType::bf16},
+                           "EP2xTP2_top8_bf16_grads_grouped_wgrad")),
     [](const ::testing::TestParamInfo<BwdCase>& info) { return std::string(info.param.name); });
 
 // The activation's backward in the epilogue computes dPre and g h with activation_grad's arithmetic on
@@ -368,6 +386,30 @@ TEST(FusedBackward, FusedActivationEpilogueWritesThePassRows) {
   }
 }
 
+// The two weight-gradient kernels compute each element over the same K order in fp32 and round once:
+// the same dW0 and dW1 bit for bit (dx and the gate gradients do not involve them).
+TEST(FusedBackward, GroupedWeightGradIsThePersistentResult) {
+  const BwdCase cases[] = {
+      BwdCase{"swiglu_ep4_f32", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}},
+      BwdCase{"silu_one_expert_f32", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+      BwdCase{"top8_ep2xtp2_bf16", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::uniform, Link::device,
+              forced(256, 2), forced(256, 4), GradType::bf16},
+  };
+  for (const BwdCase& persistent : cases) {
+    Harness a(persistent);
+    a.run();
+    const auto want = a.gradients();
+    Harness b(with_grouped_wgrad(persistent, persistent.name));
+    b.run();
+    const auto got = b.gradients();
+    size_t bad0 = 0, bad1 = 0;
+    for (size_t i = 0; i < want.dw0.size(); ++i) bad0 += std::memcmp(&got.dw0[i], &want.dw0[i], 4) != 0;
+    for (size_t i = 0; i < want.dw1.size(); ++i) bad1 += std::memcmp(&got.dw1[i], &want.dw1[i], 4) != 0;
+    EXPECT_EQ(bad0, 0u) << persistent.name << ": dW0 elements that differ, of " << want.dw0.size();
+    EXPECT_EQ(bad1, 0u) << persistent.name << ": dW1 elements that differ, of " << want.dw1.size();
+  }
+}
+
 // The same gradients, bitwise, whatever the comm blocks, tiles' grouping and repeats.
 TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
   for (bool fused_act : {false, true}) {
@@ -402,17 +444,20 @@ TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
 // within a quarter ulp of 2 bf16(x) from it, so it rounds to 2 bf16(x)). (Partial tiles of the weight
 // gradients, in M and N, are in MatchesReference: TP4_gelu, EP4_all_to_one_expert_top1_silu.)
 TEST(FusedBackward, AccumulateAddsToMainGrads) {
+  for (WeightGradKernel kernel : {WeightGradKernel::persistent, WeightGradKernel::grouped})
   for (GradType type : {GradType::f32, GradType::bf16}) {
     BwdCase c{"acc", kSmallSwiglu, {2, 1}, {100, 60}};
     c.grad_type = type;
+    c.wgrad = kernel;
     Harness h(c);
     h.run();
     const auto once = h.gradients();
     h.fused.forward(h.batches());
-    h.fused.backward(h.grad_list(), nullptr, BackwardOptions{type, true});
+    h.fused.backward(h.grad_list(), nullptr, BackwardOptions{type, true, false, kernel});
     h.fused.sync_and_check();
     const auto twice = h.gradients();
-    const char* name = type == GradType::f32 ? "f32" : "bf16";
+    const std::string name = std::string(type == GradType::f32 ? "f32" : "bf16") +
+                             (kernel == WeightGradKernel::grouped ? ", grouped" : ", persistent");
     for (size_t i = 0; i < once.dw0.size(); ++i)
       ASSERT_EQ(twice.dw0[i], 2 * once.dw0[i]) << name << " dW0 element " << i;
     for (size_t i = 0; i < once.dw1.size(); ++i)

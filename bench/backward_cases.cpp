@@ -3,8 +3,8 @@
 // follows a training forward of the same system, re-run untimed before each repeat; "fwd+bwd" times the
 // pair. Both systems run rank 0's steps only, as the forward records do: the other ranks' exported rows
 // are whatever they staged, which costs the same to pull.
-#include <cstdio>
 #include <map>
+#include <string>
 #include <utility>
 
 #include "group_runner.hpp"
@@ -145,7 +145,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
             moe.grad_weights0(0, g0, *w);
           });
       } catch (const InvalidArgument& e) {  // a variant the case cannot run: say so, keep the case's other records
-        note(" | wgrad comet %s refused (%s)", grouped ? "grouped" : "persistent", e.what());
+        line += std::string(" | wgrad comet ") + (grouped ? "grouped" : "persistent") + " refused (" + e.what() + ")";
         continue;
       }
       Record r = base(in, "wgrad", "comet");

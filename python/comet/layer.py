@@ -76,7 +76,8 @@ class MoELayer(nn.Module):
     F/tp > H (the backward's D rows; else they live in a forward buffer). Per token under EP with swiglu:
     about k (6 F + 2 H) bytes, 2 x 92.4 KiB for Mixtral-8x7B (H 4096, F 14336).
     training=False (inference) does without them; its backward raises.
-    fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE;
+    fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE).
+    weight_grad_kernel="grouped": the weight gradients from CUTLASS's grouped ping-pong GEMM (comet.FusedMoE;
     not yet run on a GPU).
 
     fp8 (dtype=torch.float8_e4m3fn; issue 17): layer 0's GEMM runs in e4m3 with fp32 accumulation. The
@@ -99,7 +100,8 @@ class MoELayer(nn.Module):
                  shared_ffn: int = 0,
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
-                 training: Optional[bool] = None, fused_activation_grad: bool = False):
+                 training: Optional[bool] = None, fused_activation_grad: bool = False,
+                 weight_grad_kernel: str = "persistent"):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "
@@ -116,7 +118,8 @@ class MoELayer(nn.Module):
                                tile_n=tile_n, n_comm=n_comm,
                                adaptive_split=adaptive_split, batch_invariant=batch_invariant,
                                checking=checking, training=training, dtype="e4m3" if fp8 else "bf16",
-                               fused_activation_grad=fused_activation_grad)
+                               fused_activation_grad=fused_activation_grad,
+                               weight_grad_kernel=weight_grad_kernel)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         self.expert_dtype, self.fp8 = dtype, fp8

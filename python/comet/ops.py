@@ -79,9 +79,11 @@ class _Registered:
     top_k: int
     training: bool
     fused_activation_grad: bool = False  # BackwardOptions::fused_activation for its backwards
+    weight_grad_kernel: str = "persistent"  # BackwardOptions::weight_grad_kernel for its backwards
     tokens: tuple = ()  # tokens per rank of the last whole forward (training): what a backward pairs with
 
 
+_WEIGHT_GRAD_KERNELS = ("persistent", "grouped")  # BackwardOptions::weight_grad_kernel
 _registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
@@ -130,8 +132,11 @@ class FusedMoE:
       expert-output buffer): 2 N0_s + 2 H + 4 ceil(F/tp / 128) (+ 2 F/tp) bytes per row of R.
     fused_activation_grad=True: the backward of layer 1 makes the activation's backward in its GEMM's
       epilogue (BackwardOptions::fused_activation: no second pass over D; the same dx and weight
-      gradients bit for bit, the gate gradients summed in another order). Off by default: it has not
-      run on a GPU yet.
+      gradients bit for bit, the gate gradients summed in another order). Off by default: on the H200 it
+      was under 1 % faster in the median, inside the noise.
+    weight_grad_kernel="grouped": the weight gradients from CUTLASS's grouped GEMM with the ping-pong
+      schedule instead of comet's persistent kernel (BackwardOptions::weight_grad_kernel; built for the
+      short K of an expert's rows at small batches; not yet run on a GPU, 2026-12-04).
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
@@ -140,9 +145,12 @@ class FusedMoE:
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
-                 dtype="bf16", fused_activation_grad: bool = False):
+                 dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "persistent"):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
+        if weight_grad_kernel not in _WEIGHT_GRAD_KERNELS:
+            raise ValueError(f"comet.FusedMoE: weight_grad_kernel must be one of {_WEIGHT_GRAD_KERNELS}, got "
+                             f"{weight_grad_kernel!r}")
         native_dtype = _DTYPES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
         if native_dtype is None:
             raise ValueError(f"comet.FusedMoE: dtype must be 'bf16' or 'e4m3' (torch.bfloat16 or torch.float8_e4m3fn: "
@@ -163,6 +171,7 @@ class FusedMoE:
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.training = activation, training
         self.fused_activation_grad = fused_activation_grad
+        self.weight_grad_kernel = weight_grad_kernel
         self.dtype, self.fp8 = native_dtype, fp8
         self.native = _lib.C.FusedMoe(
             team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
@@ -181,7 +190,8 @@ class FusedMoE:
         self.spec = LayerSpec(hidden_size, top_k, self.local_experts, self.w0_rows, self.ffn_shard, self.max_tokens,
                               len(self.local_ranks), team.device, fp8)
         self.handle = next(_handles)
-        _registry[self.handle] = _Registered(self.native, self.local_ranks, top_k, training, fused_activation_grad)
+        _registry[self.handle] = _Registered(self.native, self.local_ranks, top_k, training, fused_activation_grad,
+                                             weight_grad_kernel)
         weakref.finalize(self, _registry.pop, self.handle, None)
 
     def last_decision(self, layer: int, rank: Optional[int] = None) -> dict:
@@ -458,11 +468,12 @@ def _moe_backward_cuda(dout, w0, w1, handle):
     stream, grad_type = _current_stream(dout[0].device), _GRAD_TYPES[w0.dtype]
     grads = [(d.data_ptr(), a.data_ptr(), g.data_ptr(), b0, b1)
              for d, a, g, b0, b1 in zip(dout, dx, dgates, _per_rank(dw0), _per_rank(dw1))]
-    fused = layer.fused_activation_grad
+    fused, wgrad = layer.fused_activation_grad, layer.weight_grad_kernel
     if len(layer.ranks) == 1:
-        layer.native.backward1(layer.ranks[0], grads[0], stream, grad_type, False, fused_activation=fused)
+        layer.native.backward1(layer.ranks[0], grads[0], stream, grad_type, False, fused_activation=fused,
+                               weight_grad_kernel=wgrad)
     else:
-        layer.native.backward(grads, stream, grad_type, False, fused_activation=fused)
+        layer.native.backward(grads, stream, grad_type, False, fused_activation=fused, weight_grad_kernel=wgrad)
     return dx, dgates, dw0, dw1
 
 

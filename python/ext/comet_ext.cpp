@@ -117,9 +117,13 @@ RankGrad grad_of(const GradTuple& g) {
   return r;
 }
 
-BackwardOptions backward_options(const std::string& grad_type, bool accumulate, bool fused_activation) {
+BackwardOptions backward_options(const std::string& grad_type, bool accumulate, bool fused_activation,
+                                 const std::string& weight_grad_kernel) {
   BackwardOptions o;
   o.fused_activation = fused_activation;
+  if (weight_grad_kernel == "persistent") o.weight_grad_kernel = WeightGradKernel::persistent;
+  else if (weight_grad_kernel == "grouped") o.weight_grad_kernel = WeightGradKernel::grouped;
+  else throw InvalidArgument("weight_grad_kernel must be 'persistent' or 'grouped', got '" + weight_grad_kernel + "'");
   if (grad_type == "bf16") o.grad_type = GradType::bf16;
   else if (grad_type == "f32") o.grad_type = GradType::f32;
   else throw InvalidArgument("grad_type must be 'bf16' or 'f32', got '" + grad_type + "'");
@@ -323,29 +327,32 @@ NB_MODULE(_C, m) {
           nb::arg("w0_scales") = std::vector<uintptr_t>())
       // Gradients of the last whole forward (built with training=True), for this process's one rank:
       // grad = (dout, dx, dgates, dw0, dw1); grad_type "bf16" or "f32" (dw0 / dw1); accumulate: dw += the
-      // gradient instead of overwriting it; fused_activation: BackwardOptions::fused_activation.
+      // gradient instead of overwriting it; fused_activation: BackwardOptions::fused_activation;
+      // weight_grad_kernel: BackwardOptions::weight_grad_kernel, "persistent" or "grouped".
       .def(
           "backward1",
           [](FusedMoe& m, int rank, const GradTuple& grad, uintptr_t stream, const std::string& grad_type,
-             bool accumulate, bool fused_activation) {
+             bool accumulate, bool fused_activation, const std::string& weight_grad_kernel) {
             const std::vector<int> local = m.team().local_ranks();
             COMET_REQUIRE(local.size() == 1 && local[0] == rank, "FusedMoe.backward1: rank ", rank,
                           " is not the one rank this process drives");
-            m.backward(grad_of(grad), stream_of(stream), backward_options(grad_type, accumulate, fused_activation));
+            m.backward(grad_of(grad), stream_of(stream),
+                       backward_options(grad_type, accumulate, fused_activation, weight_grad_kernel));
           },
           nb::arg("rank"), nb::arg("grad"), nb::arg("stream"), nb::arg("grad_type") = "bf16",
-          nb::arg("accumulate") = false, nb::arg("fused_activation") = false)
+          nb::arg("accumulate") = false, nb::arg("fused_activation") = false,
+          nb::arg("weight_grad_kernel") = "persistent")
       // Every local rank: grads[i] of team.local_ranks()[i].
       .def(
           "backward",
           [](FusedMoe& m, const std::vector<GradTuple>& grads, uintptr_t stream, const std::string& grad_type,
-             bool accumulate, bool fused_activation) {
+             bool accumulate, bool fused_activation, const std::string& weight_grad_kernel) {
             std::vector<RankGrad> rg;
             for (const GradTuple& g : grads) rg.push_back(grad_of(g));
-            m.backward(rg, stream_of(stream), backward_options(grad_type, accumulate, fused_activation));
+            m.backward(rg, stream_of(stream), backward_options(grad_type, accumulate, fused_activation, weight_grad_kernel));
           },
           nb::arg("grads"), nb::arg("stream"), nb::arg("grad_type") = "bf16", nb::arg("accumulate") = false,
-          nb::arg("fused_activation") = false)
+          nb::arg("fused_activation") = false, nb::arg("weight_grad_kernel") = "persistent")
       .def("sync_and_check", &FusedMoe::sync_and_check)
       .def("close", &FusedMoe::close)  // keeps the GIL: an IpcTeam's all-gather is Python
       .def(

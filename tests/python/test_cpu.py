@@ -221,6 +221,12 @@ def test_linear_experts_fuse_to_gate_then_up():
     assert torch.equal(down[2], w2[2])
 
 
+def test_fused_moe_refuses_an_unknown_weight_grad_kernel():
+    # Checked before anything touches the team or the GPU.
+    with pytest.raises(ValueError, match="weight_grad_kernel must be one of"):
+        comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, weight_grad_kernel="fast")
+
+
 def test_weight_helpers_reject_bad_layouts():
     with pytest.raises(ValueError, match="divisible by ep"):
         W.shard_w1(torch.randn(3, 4, 8), ep=2, tp=1, rank=0)

@@ -56,6 +56,17 @@ BwdCase with_fused_act(BwdCase c, const char* name) {
 
 std::ostream& operator<<(std::ostream& os, const BwdCase& c) { return os << c.name; }
 
+// Bitwise equal, or a message with how many elements differ and the first of them.
+::testing::AssertionResult bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " elements against " << b.size();
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (std::memcmp(&a[i], &b[i], 4) != 0 && bad++ == 0) first = i;
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << bad << " of " << a.size() << " elements differ, the first at " << first
+                                       << ": " << a[first] << " against " << b[first];
+}
+
 // One rank's gradient buffers.
 struct RankGrads {
   DeviceBuffer dout, dx, dgates, dw0, dw1;
@@ -272,16 +283,6 @@ TEST(FusedBackward, FusedActivationGradIsTheTwoPassResult) {
       BwdCase{"silu_ep4_tile128_sequential", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::uniform, Link::host,
               forced(128, 0), forced(128, 0)},
   };
-  // Bitwise equal, or a message with how many elements differ and the first of them.
-  auto same = [](const std::vector<float>& a, const std::vector<float>& b) -> ::testing::AssertionResult {
-    if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " elements against " << b.size();
-    size_t bad = 0, first = 0;
-    for (size_t i = 0; i < a.size(); ++i)
-      if (std::memcmp(&a[i], &b[i], 4) != 0 && bad++ == 0) first = i;
-    if (bad == 0) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << bad << " of " << a.size() << " elements differ, the first at " << first
-                                         << ": " << a[first] << " against " << b[first];
-  };
   for (const BwdCase& two_pass : cases) {
     Harness a(two_pass);
     a.run();
@@ -289,10 +290,10 @@ TEST(FusedBackward, FusedActivationGradIsTheTwoPassResult) {
     Harness b(with_fused_act(two_pass, two_pass.name));
     b.run();
     const auto got = b.gradients();
-    EXPECT_TRUE(same(got.dw0, want.dw0)) << two_pass.name << ": dW0";
-    EXPECT_TRUE(same(got.dw1, want.dw1)) << two_pass.name << ": dW1";
+    EXPECT_TRUE(bitwise_equal(got.dw0, want.dw0)) << two_pass.name << ": dW0";
+    EXPECT_TRUE(bitwise_equal(got.dw1, want.dw1)) << two_pass.name << ": dW1";
     for (size_t r = 0; r < want.dx.size(); ++r) {
-      EXPECT_TRUE(same(got.dx[r], want.dx[r])) << two_pass.name << ": dx of rank " << r;
+      EXPECT_TRUE(bitwise_equal(got.dx[r], want.dx[r])) << two_pass.name << ": dx of rank " << r;
       ASSERT_EQ(got.dgates[r].size(), want.dgates[r].size());
       size_t off = 0, first = 0;
       for (size_t i = 0; i < want.dgates[r].size(); ++i)
@@ -402,11 +403,8 @@ TEST(FusedBackward, GroupedWeightGradIsThePersistentResult) {
     Harness b(with_grouped_wgrad(persistent, persistent.name));
     b.run();
     const auto got = b.gradients();
-    size_t bad0 = 0, bad1 = 0;
-    for (size_t i = 0; i < want.dw0.size(); ++i) bad0 += std::memcmp(&got.dw0[i], &want.dw0[i], 4) != 0;
-    for (size_t i = 0; i < want.dw1.size(); ++i) bad1 += std::memcmp(&got.dw1[i], &want.dw1[i], 4) != 0;
-    EXPECT_EQ(bad0, 0u) << persistent.name << ": dW0 elements that differ, of " << want.dw0.size();
-    EXPECT_EQ(bad1, 0u) << persistent.name << ": dW1 elements that differ, of " << want.dw1.size();
+    EXPECT_TRUE(bitwise_equal(got.dw0, want.dw0)) << persistent.name << ": dW0";
+    EXPECT_TRUE(bitwise_equal(got.dw1, want.dw1)) << persistent.name << ": dW1";
   }
 }
 
@@ -420,22 +418,19 @@ TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
     h.run_steps(forced(256, 2), forced(256, 4));
     const auto first = h.gradients();
     check_gradients(h);
-    auto same = [](const std::vector<float>& a, const std::vector<float>& b) {
-      return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-    };
     for (int n_comm : {1, 8, 32, 0}) {
       h.run_steps(forced(256, n_comm, 2, 1), forced(256, n_comm, 3, 2));
       const auto got = h.gradients();
       for (int r = 0; r < 4; ++r) {
-        EXPECT_TRUE(same(got.dx[r], first.dx[r])) << "dx, n_comm " << n_comm << " rank " << r;
-        EXPECT_TRUE(same(got.dgates[r], first.dgates[r])) << "dgates, n_comm " << n_comm << " rank " << r;
+        EXPECT_TRUE(bitwise_equal(got.dx[r], first.dx[r])) << "dx, n_comm " << n_comm << " rank " << r;
+        EXPECT_TRUE(bitwise_equal(got.dgates[r], first.dgates[r])) << "dgates, n_comm " << n_comm << " rank " << r;
       }
-      EXPECT_TRUE(same(got.dw0, first.dw0)) << "dW0, n_comm " << n_comm;
-      EXPECT_TRUE(same(got.dw1, first.dw1)) << "dW1, n_comm " << n_comm;
+      EXPECT_TRUE(bitwise_equal(got.dw0, first.dw0)) << "dW0, n_comm " << n_comm;
+      EXPECT_TRUE(bitwise_equal(got.dw1, first.dw1)) << "dW1, n_comm " << n_comm;
     }
     h.run();
     const auto again = h.gradients();
-    EXPECT_TRUE(same(again.dw0, first.dw0) && same(again.dw1, first.dw1) && same(again.dx[0], first.dx[0]));
+    EXPECT_TRUE(bitwise_equal(again.dw0, first.dw0) && bitwise_equal(again.dw1, first.dw1) && bitwise_equal(again.dx[0], first.dx[0]));
   }
 }
 

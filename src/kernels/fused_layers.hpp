@@ -181,8 +181,8 @@ void launch_grad_layer1(const GradLayer1Launch& l, cudaStream_t stream);
 void launch_grad_layer0(const GradLayer0Launch& l, cudaStream_t stream);
 void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);  // either kernel, as l.grouped says
 void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream);
-// Workspace of one grouped launch over `experts` groups, on any GPU of up to kMaxWorkspaceSms
-// multiprocessors (a host computation: the layer's footprint uses it without a GPU).
+// Workspace of one grouped launch over `experts` groups, on any GPU of up to 256 multiprocessors
+// (weight_grad_grouped.cu: kMaxWorkspaceSms). A host computation: the footprint uses it without a GPU.
 size_t weight_grad_grouped_workspace_bytes(int experts);
 
 }  // namespace comet::kernels

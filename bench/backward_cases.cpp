@@ -59,7 +59,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     moe.finish_grad(0, g0);
   };
   // Where the records that --paired re-times in rotation are (index in `out`; -1: not made).
-  long comet_bwd = -1, comet_pair = -1, seq_bwd = -1, seq_pair = -1, act_bwd = -1, act_ref = -1;
+  long comet_bwd = -1, comet_pair = -1, seq_bwd = -1, seq_pair = -1, act_bwd = -1, act_ref = -1, chunked_bwd = -1;
+  TimedCall chunked_call;  // the chunked backward at its best C, for the rotation
   if (o_.has_system("comet")) {
     auto& forward = comet_forward;
     auto& backward = comet_backward;
@@ -281,6 +282,13 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.chunks_requested = best->second.first;
       r.cublas_path = std::string(to_string(chunked.options().grad1)) + "/" + to_string(chunked.options().grad0);
       add_record(out, r, best->second.second, flops_bwd, true, c);
+      chunked_bwd = long(out.size()) - 1;
+      const int best_requested = best->second.first;
+      chunked_call = {[&chunked, chunked_forward, best_requested] {
+                        chunked.options().chunks = best_requested;
+                        chunked_forward();
+                      },
+                      chunked_backward};
       note(" | bwd chunked %.3f", best->second.second.median_ms);
     }
   }
@@ -304,9 +312,12 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     note(" | dgrad cublas %.3f", td.median_ms);
   }
   if (o_.paired) {
-    // comet's and the sequential backward (each after its own untimed forward), and the two pairs, in
-    // rotation, as the forward's --paired records are.
-    if (comet_bwd >= 0 && seq_bwd >= 0)
+    // comet's and the sequential backward (each after its own untimed forward), and the chunked one at
+    // its best C where it ran, and the two pairs, in rotation, as the forward's --paired records are.
+    if (comet_bwd >= 0 && seq_bwd >= 0 && chunked_bwd >= 0)
+      retime_all({&out[comet_bwd], &out[seq_bwd], &out[chunked_bwd]},
+                 {{comet_forward, comet_backward}, {seq_forward, seq_backward}, chunked_call}, flops_bwd, true, c);
+    else if (comet_bwd >= 0 && seq_bwd >= 0)
       retime(out[comet_bwd], out[seq_bwd], {comet_forward, comet_backward}, {seq_forward, seq_backward}, flops_bwd,
              true, c);
     if (comet_pair >= 0 && seq_pair >= 0)

@@ -56,7 +56,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            on what ran before each measurement; likewise comet's gemm_only and cuBLAS
                            (l0, l1), each pair in rotation, comet's fused n_comm sweep (all of its
                            points in rotation: the sweep's best is what comet-tune keeps), and comet's
-                           bwd and fwd+bwd against the sequential ones
+                           bwd and fwd+bwd against the sequential ones (bwd: with the chunked
+                           backward at its best C in the same rotation when it ran)
   --mem-limit-gib X        device memory to plan for (default: free memory less 6 GiB)
   --host-limit-gib X       pinned host memory to plan for                 (default: 96)
   --seed N                 routing and data seed                          (default: 1)

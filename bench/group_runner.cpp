@@ -38,7 +38,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
                          int max_tokens, int max_rows)
     // The timer's events: --paired times two calls, or a whole n_comm sweep, in rotation.
     : o_(options), model_(model), layout_(layout), link_(link),
-      timer_(std::max<int>(2, int(options.n_comm.size())) * options.reps) {
+      timer_(std::max<int>(3, int(options.n_comm.size())) * options.reps) {  // 3: the backward's comet, seq, chunked
   const MoeShape& s = model.shape;
   const Parallel& p = layout.par;
   const int W = p.world(), H = s.hidden, k = s.topk, el = p.local_experts(s), fs = p.ffn_shard(s);
@@ -187,11 +187,17 @@ void GroupRunner::retime_gemm_pair(std::vector<Record>& out, size_t first, const
 
 void GroupRunner::retime(Record& a, Record& b, const TimedCall& call_a, const TimedCall& call_b, double flops,
                          bool comm, const CaseRows& c) {
-  const std::vector<Timing> t = timer_.measure_rotation(team_->stream(0), warmup_, o_.reps, {call_a, call_b},
+  retime_all({&a, &b}, {call_a, call_b}, flops, comm, c);
+}
+
+void GroupRunner::retime_all(const std::vector<Record*>& records, const std::vector<TimedCall>& calls, double flops,
+                             bool comm, const CaseRows& c) {
+  const std::vector<Timing> t = timer_.measure_rotation(team_->stream(0), warmup_, o_.reps, calls,
                                                         [&] { moe_->sync_and_check(); });
-  set_timing(a, t[0], flops, comm, c);
-  set_timing(b, t[1], flops, comm, c);
-  a.paired = b.paired = true;
+  for (size_t i = 0; i < records.size(); ++i) {
+    set_timing(*records[i], t[i], flops, comm, c);
+    records[i]->paired = true;
+  }
 }
 
 Record GroupRunner::base(const CaseInput& in, const std::string& layer, const std::string& system) const {

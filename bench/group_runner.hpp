@@ -71,6 +71,9 @@ class GroupRunner {
   // Re-times records a and b in rotation (--paired) and marks them paired.
   void retime(Record& a, Record& b, const TimedCall& call_a, const TimedCall& call_b, double flops, bool comm,
               const CaseRows& c);
+  // The same for any number of records (records[i] timed by calls[i]).
+  void retime_all(const std::vector<Record*>& records, const std::vector<TimedCall>& calls, double flops, bool comm,
+                  const CaseRows& c);
   // The backward's records of a case (backward_cases.cpp), after run_case's forward ones: rank 0's
   // staged batch b0. Returns its part of the progress line.
   std::string run_backward(const CaseInput& input, const RankBatch& b0, const CaseRows& c, std::vector<Record>& out);

@@ -6,7 +6,8 @@ has them, forward + backward and the activation-backward epilogue's A/B.
 
 Records used (comet-bench --layers bwd[,fwd+bwd] --systems comet,sequential,chunked,cublas --paired):
   bwd comet (mode fused, paired) and bwd sequential (paired): timed in rotation, so their ratio does not
-  depend on the power-capped H200's clock drift; bwd chunked (best C): timed on its own;
+  depend on the power-capped H200's clock drift; bwd chunked (best C): in the same rotation where the
+  record says paired (comet-bench after bec6493), else timed on its own;
   wgrad / dgrad comet (gemm_only) and cublas: the backward's GEMMs alone;
   fwd+bwd comet / sequential (paired); bwd comet modes two_pass / fused_act (--fused-activation-grad).
 """
@@ -60,7 +61,7 @@ def link_table(link, cases):
     print("| model | layout | tokens | comet bwd ms | sequential ms | chunked ms (C) | seq / comet | "
           "chunked / comet | wgrad TFLOP/s comet (/ grouped) / cuBLAS | dgrad TFLOP/s comet / cuBLAS | fwd+bwd seq / comet |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
-    vs_seq, vs_chunked, wgrad, dgrad, fwd_bwd, grouped = [], [], [], [], [], []
+    vs_seq, vs_chunked, wgrad, dgrad, fwd_bwd, grouped, chunked_paired = [], [], [], [], [], [], []
     for key in sorted(k for k in cases if k[0] == link):
         rs = cases[key]
         comet = find(rs, "bwd", "comet", "fused", paired=True)
@@ -68,6 +69,8 @@ def link_table(link, cases):
         if not comet or not seq:
             continue
         chunked = find(rs, "bwd", "chunked")
+        if chunked:
+            chunked_paired.append(bool(chunked.get("paired")))
         wc, wg, wb = find(rs, "wgrad", "comet", "gemm_only"), find(rs, "wgrad", "comet", "grouped"), find(rs, "wgrad", "cublas")
         dc, db = find(rs, "dgrad", "comet", "gemm_only"), find(rs, "dgrad", "cublas")
         fc, fs = find(rs, "fwd+bwd", "comet", "fused", paired=True), find(rs, "fwd+bwd", "sequential", paired=True)
@@ -87,7 +90,8 @@ def link_table(link, cases):
               f"{fmt(s, suffix='x')} | {fmt(c, suffix='x')} | {wgrad_cell} | {tf(dc, db)} | {fmt(f, suffix='x')} |")
     print()
     print(summary_line("backward, sequential / comet (paired)", vs_seq))
-    print(summary_line("backward, chunked / comet (chunked timed on its own)", vs_chunked))
+    how = "in the same rotation" if chunked_paired and all(chunked_paired) else "chunked timed on its own"
+    print(summary_line(f"backward, chunked / comet ({how})", vs_chunked))
     print(summary_line("weight gradients, cuBLAS time / comet time", wgrad))
     print(summary_line("data gradients (GEMMs alone), cuBLAS time / comet time", dgrad))
     print(summary_line("forward + backward, sequential / comet (paired)", fwd_bwd))

@@ -25,10 +25,11 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   const RankGrad g0 = grads_.grad();
   BackwardOptions bo{};  // bf16 weight gradients, overwritten
   if (o_.grouped_wgrad) bo.weight_grad_kernel = WeightGradKernel::grouped;
-  BackwardOptions bo_grouped = bo;  // the "wgrad comet" record of mode grouped
-  bo_grouped.weight_grad_kernel = WeightGradKernel::grouped;
-  BackwardOptions bo_persistent = bo;
-  bo_persistent.weight_grad_kernel = WeightGradKernel::persistent;
+  // The "wgrad comet" records: one per weight-gradient GEMM (mode gemm_only: the persistent kernel).
+  const std::pair<WeightGradKernel, const char*> wgrad_kernels[] = {{WeightGradKernel::persistent, "gemm_only"},
+                                                                   {WeightGradKernel::grouped, "grouped"},
+                                                                   {WeightGradKernel::grouped_cooperative,
+                                                                    "grouped_cooperative"}};
   std::string line;
   auto note = [&](const char* fmt, double v) {
     char buf[64];
@@ -131,28 +132,30 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       note(" | fwd+bwd comet %.3f", t.median_ms);
     }
     // Its weight-gradient kernels alone, where the backward runs them (after the gate partials): the
-    // persistent kernel (mode gemm_only) and CUTLASS's grouped ping-pong GEMM (mode grouped).
-    for (const BackwardOptions* w : {&bo_persistent, &bo_grouped}) {
-      const bool grouped = w->weight_grad_kernel == WeightGradKernel::grouped;
+    // persistent kernel (mode gemm_only) and CUTLASS's grouped GEMMs (modes grouped, grouped_cooperative).
+    for (const auto& [kernel, mode] : wgrad_kernels) {
+      BackwardOptions w = bo;
+      w.weight_grad_kernel = kernel;
       Timing t;
       try {
         t = time(
-          [&] {
-            forward();
-            up_to_gates();
-          },
-          [&] {
-            moe.grad_weights1(0, g0, *w);
-            moe.grad_weights0(0, g0, *w);
-          });
+            [&] {
+              forward();
+              up_to_gates();
+            },
+            [&] {
+              moe.grad_weights1(0, g0, w);
+              moe.grad_weights0(0, g0, w);
+            });
       } catch (const InvalidArgument& e) {  // a variant the case cannot run: say so, keep the case's other records
-        line += std::string(" | wgrad comet ") + (grouped ? "grouped" : "persistent") + " refused (" + e.what() + ")";
+        line += std::string(" | wgrad comet ") + mode + " refused (" + e.what() + ")";
         continue;
       }
       Record r = base(in, "wgrad", "comet");
-      r.mode = grouped ? "grouped" : "gemm_only";
+      r.mode = mode;
       add_record(out, r, t, flops_wgrad, false, c);
-      note(grouped ? " | wgrad comet grouped %.3f" : " | wgrad comet %.3f", t.median_ms);
+      line += std::string(" | wgrad comet ") + (kernel == WeightGradKernel::persistent ? "" : std::string(mode) + " ");
+      note("%.3f", t.median_ms);
     }
     // Its two data-gradient GEMMs with comm off (D = G W1_e with the activation's backward, dA = dPre W0_e),
     // on the picks the backward runs: what the backward's GEMMs cost against cuBLAS's ("dgrad" cublas).

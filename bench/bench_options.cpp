@@ -36,8 +36,9 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            two_pass (an A/B pair of their own under --paired), a dgrad record with
                            picked_by fused_act
   --grouped-wgrad          comet's backward makes its weight gradients with CUTLASS's grouped ping-pong
-                           GEMM (WeightGradKernel::grouped); either way a "wgrad comet" record of mode
-                           grouped times that kernel beside the persistent one (mode gemm_only)
+                           GEMM (WeightGradKernel::grouped); either way "wgrad comet" records of modes
+                           grouped and grouped_cooperative time CUTLASS's grouped GEMMs beside the
+                           persistent kernel (mode gemm_only)
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)

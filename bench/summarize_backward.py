@@ -59,7 +59,7 @@ def summary_line(name, values):
 def link_table(link, cases):
     print(f"\n### {link} link (rank 0 of 8, uniform routing)\n")
     print("| model | layout | tokens | comet bwd ms | sequential ms | chunked ms (C) | seq / comet | "
-          "chunked / comet | wgrad TFLOP/s comet (/ grouped) / cuBLAS | dgrad TFLOP/s comet / cuBLAS | fwd+bwd seq / comet |")
+          "chunked / comet | wgrad TFLOP/s comet (/ grouped ping-pong / grouped cooperative) / cuBLAS | dgrad TFLOP/s comet / cuBLAS | fwd+bwd seq / comet |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     vs_seq, vs_chunked, wgrad, dgrad, fwd_bwd, grouped, chunked_paired = [], [], [], [], [], [], []
     for key in sorted(k for k in cases if k[0] == link):
@@ -71,7 +71,8 @@ def link_table(link, cases):
         chunked = find(rs, "bwd", "chunked")
         if chunked:
             chunked_paired.append(bool(chunked.get("paired")))
-        wc, wg, wb = find(rs, "wgrad", "comet", "gemm_only"), find(rs, "wgrad", "comet", "grouped"), find(rs, "wgrad", "cublas")
+        wc, wb = find(rs, "wgrad", "comet", "gemm_only"), find(rs, "wgrad", "cublas")
+        wg = [find(rs, "wgrad", "comet", m) for m in ("grouped", "grouped_cooperative")]
         dc, db = find(rs, "dgrad", "comet", "gemm_only"), find(rs, "dgrad", "cublas")
         fc, fs = find(rs, "fwd+bwd", "comet", "fused", paired=True), find(rs, "fwd+bwd", "sequential", paired=True)
         s, c, f = ratio(seq, comet), ratio(chunked, comet), ratio(fs, fc)
@@ -83,9 +84,10 @@ def link_table(link, cases):
         fwd_bwd.append(f)
         chunk_cell = f"{chunked['median_ms']:.3f} ({chunked.get('chunks', '?')})" if chunked else "-"
         tf = lambda a, b: f"{a['tflops']:.0f} / {b['tflops']:.0f}" if a and b else "-"
-        wgrad_cell = tf(wc, wb) if not wg else f"{wc['tflops']:.0f} / {wg['tflops']:.0f} / {wb['tflops']:.0f}"
-        if wg:
-            grouped.append(ratio(wc, wg))
+        wgrad_cell = " / ".join(f"{x['tflops']:.0f}" if x else "-" for x in [wc] + wg + [wb]) if any(wg) \
+            else tf(wc, wb)
+        if any(wg):
+            grouped.append(ratio(wc, min((x for x in wg if x), key=lambda x: x["median_ms"])))
         print(f"| {key[1]} | {key[2]} | {key[3]} | {comet['median_ms']:.3f} | {seq['median_ms']:.3f} | {chunk_cell} | "
               f"{fmt(s, suffix='x')} | {fmt(c, suffix='x')} | {wgrad_cell} | {tf(dc, db)} | {fmt(f, suffix='x')} |")
     print()
@@ -96,7 +98,7 @@ def link_table(link, cases):
     print(summary_line("data gradients (GEMMs alone), cuBLAS time / comet time", dgrad))
     print(summary_line("forward + backward, sequential / comet (paired)", fwd_bwd))
     if grouped:
-        print(summary_line("weight gradients, persistent kernel's time / CUTLASS grouped ping-pong's", grouped))
+        print(summary_line("weight gradients, persistent kernel's time / the faster CUTLASS grouped GEMM's", grouped))
 
 
 def fused_activation_table(cases):

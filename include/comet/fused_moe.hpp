@@ -108,6 +108,7 @@ enum class WeightGradKernel {
   persistent,  // ours (src/kernels/weight_grad_kernel.cuh): 128 x 256 tiles, cooperative warp groups
   grouped,     // CUTLASS's grouped GEMM, ping-pong schedule, 128 x 128 tiles in 2 x 1 clusters
                // (src/kernels/weight_grad_grouped.cu): one warp group's epilogue under the other's mainloop
+  grouped_cooperative,  // the same grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters (TMA multicast)
 };
 
 struct BackwardOptions {

@@ -83,7 +83,7 @@ class _Registered:
     tokens: tuple = ()  # tokens per rank of the last whole forward (training): what a backward pairs with
 
 
-_WEIGHT_GRAD_KERNELS = ("persistent", "grouped")  # BackwardOptions::weight_grad_kernel
+_WEIGHT_GRAD_KERNELS = ("persistent", "grouped", "grouped_cooperative")  # BackwardOptions::weight_grad_kernel
 _registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
@@ -136,7 +136,8 @@ class FusedMoE:
       was under 1 % faster in the median, inside the noise.
     weight_grad_kernel="grouped": the weight gradients from CUTLASS's grouped GEMM with the ping-pong
       schedule instead of comet's persistent kernel (BackwardOptions::weight_grad_kernel; built for the
-      short K of an expert's rows at small batches; not yet run on a GPU, 2026-12-04).
+      short K of an expert's rows at small batches); "grouped_cooperative": the same GEMM with cooperative
+      128 x 256 tiles in 2 x 1 clusters. Neither has run on a GPU yet (2026-12-04).
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,

@@ -123,7 +123,9 @@ BackwardOptions backward_options(const std::string& grad_type, bool accumulate, 
   o.fused_activation = fused_activation;
   if (weight_grad_kernel == "persistent") o.weight_grad_kernel = WeightGradKernel::persistent;
   else if (weight_grad_kernel == "grouped") o.weight_grad_kernel = WeightGradKernel::grouped;
-  else throw InvalidArgument("weight_grad_kernel must be 'persistent' or 'grouped', got '" + weight_grad_kernel + "'");
+  else if (weight_grad_kernel == "grouped_cooperative") o.weight_grad_kernel = WeightGradKernel::grouped_cooperative;
+  else throw InvalidArgument("weight_grad_kernel must be 'persistent', 'grouped' or 'grouped_cooperative', got '" +
+                             weight_grad_kernel + "'");
   if (grad_type == "bf16") o.grad_type = GradType::bf16;
   else if (grad_type == "f32") o.grad_type = GradType::f32;
   else throw InvalidArgument("grad_type must be 'bf16' or 'f32', got '" + grad_type + "'");
@@ -328,7 +330,7 @@ NB_MODULE(_C, m) {
       // Gradients of the last whole forward (built with training=True), for this process's one rank:
       // grad = (dout, dx, dgates, dw0, dw1); grad_type "bf16" or "f32" (dw0 / dw1); accumulate: dw += the
       // gradient instead of overwriting it; fused_activation: BackwardOptions::fused_activation;
-      // weight_grad_kernel: BackwardOptions::weight_grad_kernel, "persistent" or "grouped".
+      // weight_grad_kernel: BackwardOptions::weight_grad_kernel, "persistent", "grouped" or "grouped_cooperative".
       .def(
           "backward1",
           [](FusedMoe& m, int rank, const GradTuple& grad, uintptr_t stream, const std::string& grad_type,

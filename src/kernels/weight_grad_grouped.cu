@@ -1,5 +1,5 @@
-// The weight gradients as CUTLASS's own grouped GEMM with the ping-pong schedule (WeightGradKernel::
-// grouped): one group per local expert, out_e = P_e^T Q_e with K = the expert's rows. Where our
+// The weight gradients as CUTLASS's own grouped GEMM (WeightGradKernel::grouped: ping-pong schedule;
+// grouped_cooperative: cooperative in 2 x 1 clusters): one group per local expert, out_e = P_e^T Q_e with K = the expert's rows. Where our
 // persistent kernel (weight_grad_kernel.cuh) runs its epilogue in the same warp groups as its mainloop,
 // the ping-pong schedule lets one consumer warp group store a tile while the other computes the next,
 // which is what short K (an expert's rows at 1024 tokens) needs: there the fp32 store took a quarter
@@ -10,6 +10,8 @@
 // the host never waits for the routing. An expert without rows gets an M of 0 (no tiles); without
 // accumulate its gradient is then zeroed by the setup kernel, as the persistent kernel's K of 0 does.
 #include <cuda_bf16.h>
+
+#include <algorithm>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -35,22 +37,34 @@ using Bf16 = cutlass::bfloat16_t;
 using LayoutA = cutlass::layout::ColumnMajor;
 using LayoutB = cutlass::layout::RowMajor;
 using LayoutD = cutlass::layout::RowMajor;
-using TileShape = Shape<_128, _128, _64>;
-using ClusterShape = Shape<_2, _1, _1>;
+// The two schedules offered (WeightGradGemm): ping-pong, one warp group's epilogue under the other's
+// mainloop, for short K; cooperative 128 x 256 as our persistent kernel but in 2 x 1 clusters (TMA
+// multicast of the shared operand), to see what the clusters are worth at long K.
+struct PingpongSchedule {
+  using TileShape = Shape<_128, _128, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
+};
+struct CooperativeSchedule {
+  using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
 
-template <class Out>
+template <class Out, class Sched>
 struct GroupedWeightGrad {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Sched::TileShape, typename Sched::ClusterShape,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      Out, LayoutD*, 16 / sizeof(Out), Out, LayoutD*, 16 / sizeof(Out),
-      cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong,
+      Out, LayoutD*, 16 / sizeof(Out), Out, LayoutD*, 16 / sizeof(Out), typename Sched::Epilogue,
       cutlass::epilogue::fusion::LinearCombination<Out, float, Out, float>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, 8, Bf16, LayoutB*, 8, float, TileShape,
-      ClusterShape,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, 8, Bf16, LayoutB*, 8, float,
+      typename Sched::TileShape, typename Sched::ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong>::CollectiveOp;
+      typename Sched::Kernel>::CollectiveOp;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Problem, Mainloop, Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
   using StrideA = typename Kernel::InternalStrideA;
@@ -77,9 +91,9 @@ Stride make_group_stride(int64_t s0, int64_t s1) {
 }
 
 // The per-group arguments, laid out at the front of the workspace (CUTLASS's own workspace follows).
-template <class Out>
+template <class Out, class Sched>
 struct GroupArrays {
-  using G = GroupedWeightGrad<Out>;
+  using G = GroupedWeightGrad<Out, Sched>;
   Problem::UnderlyingProblemShape* shapes;
   const Bf16** a;
   const Bf16** b;
@@ -92,10 +106,10 @@ struct GroupArrays {
   size_t bytes;  // of the arrays, rounded to 256
 };
 
-template <class Out>
-GroupArrays<Out> carve(void* workspace, int experts) {
-  using G = GroupedWeightGrad<Out>;
-  GroupArrays<Out> g{};
+template <class Out, class Sched>
+GroupArrays<Out, Sched> carve(void* workspace, int experts) {
+  using G = GroupedWeightGrad<Out, Sched>;
+  GroupArrays<Out, Sched> g{};
   auto* at = static_cast<char*>(workspace);
   size_t used = 0;
   auto take = [&](auto*& ptr, size_t each) {
@@ -118,9 +132,9 @@ GroupArrays<Out> carve(void* workspace, int experts) {
 
 // One thread per expert writes its group; the blocks after the first zero the outputs of experts
 // without rows when the gradient is overwritten (accumulate keeps them: a zero gradient adds nothing).
-template <class Out>
-__global__ void setup_groups(GroupArrays<Out> g, WeightGradLaunch l, typename GroupedWeightGrad<Out>::StrideA sa,
-                             typename GroupedWeightGrad<Out>::StrideB sb, typename GroupedWeightGrad<Out>::StrideD sd) {
+template <class Out, class Sched, class G = GroupedWeightGrad<Out, Sched>>
+__global__ void setup_groups(GroupArrays<Out, Sched> g, WeightGradLaunch l, typename G::StrideA sa,
+                             typename G::StrideB sb, typename G::StrideD sd) {
   const int M = l.p_cols, N = l.q_cols;
   if (blockIdx.x == 0) {
     for (int e = threadIdx.x; e < l.experts; e += blockDim.x) {
@@ -149,10 +163,10 @@ __global__ void setup_groups(GroupArrays<Out> g, WeightGradLaunch l, typename Gr
   }
 }
 
-template <class Out>
-typename GroupedWeightGrad<Out>::Gemm::Arguments arguments(const WeightGradLaunch& l, const GroupArrays<Out>& g,
-                                                         int sms) {
-  using G = GroupedWeightGrad<Out>;
+template <class Out, class Sched>
+typename GroupedWeightGrad<Out, Sched>::Gemm::Arguments arguments(const WeightGradLaunch& l,
+                                                                const GroupArrays<Out, Sched>& g, int sms) {
+  using G = GroupedWeightGrad<Out, Sched>;
   typename G::Gemm::Arguments args;
   decltype(args.epilogue.thread) fusion{};
   fusion.alpha = 1.f;
@@ -185,20 +199,20 @@ int sm_count() {
 // many, so that the footprint is known without a GPU, and refuse a GPU with more.
 constexpr int kMaxWorkspaceSms = 256;
 
-template <class Out>
+template <class Out, class Sched>
 size_t workspace_bytes(int experts) {
-  using G = GroupedWeightGrad<Out>;
+  using G = GroupedWeightGrad<Out, Sched>;
   WeightGradLaunch l;
   l.experts = experts;
-  const GroupArrays<Out> g = carve<Out>(nullptr, experts);
-  return g.bytes + G::Gemm::get_workspace_size(arguments<Out>(l, g, kMaxWorkspaceSms));
+  const GroupArrays<Out, Sched> g = carve<Out, Sched>(nullptr, experts);
+  return g.bytes + G::Gemm::get_workspace_size(arguments<Out, Sched>(l, g, kMaxWorkspaceSms));
 }
 
-template <class Out>
+template <class Out, class Sched>
 void launch(const WeightGradLaunch& l, cudaStream_t stream) {
-  using G = GroupedWeightGrad<Out>;
-  const GroupArrays<Out> g = carve<Out>(l.workspace, l.experts);
-  const size_t need = workspace_bytes<Out>(l.experts);
+  using G = GroupedWeightGrad<Out, Sched>;
+  const GroupArrays<Out, Sched> g = carve<Out, Sched>(l.workspace, l.experts);
+  const size_t need = workspace_bytes<Out, Sched>(l.experts);
   COMET_REQUIRE(l.workspace && l.workspace_bytes >= need, "weight gradient (grouped): the workspace holds ",
                 l.workspace_bytes, " bytes, ", need, " needed");
   const int64_t M = l.p_cols, N = l.q_cols;
@@ -208,10 +222,10 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
   const int sms = sm_count();
   COMET_REQUIRE(sms <= kMaxWorkspaceSms, "weight gradient (grouped): ", sms, " multiprocessors, the workspace is sized for ",
                 kMaxWorkspaceSms);
-  setup_groups<Out><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);
+  setup_groups<Out, Sched><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);
   COMET_CUDA_CHECK_LAUNCH();
   typename G::Gemm gemm;
-  const auto args = arguments<Out>(l, g, sms);
+  const auto args = arguments<Out, Sched>(l, g, sms);
   void* cutlass_workspace = static_cast<char*>(l.workspace) + g.bytes;
   COMET_REQUIRE(gemm.can_implement(args) == cutlass::Status::kSuccess,
                 "weight gradient (grouped): CUTLASS cannot run this problem (P ", l.p_cols, " x Q ", l.q_cols, ")");
@@ -224,17 +238,21 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
 }  // namespace
 
 size_t weight_grad_grouped_workspace_bytes(int experts) {
-  return std::max(workspace_bytes<float>(experts), workspace_bytes<Bf16>(experts));
+  return std::max({workspace_bytes<float, PingpongSchedule>(experts), workspace_bytes<Bf16, PingpongSchedule>(experts),
+                   workspace_bytes<float, CooperativeSchedule>(experts),
+                   workspace_bytes<Bf16, CooperativeSchedule>(experts)});
 }
 
 void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream) {
   COMET_REQUIRE(l.p_cols % 8 == 0 && l.q_cols % 8 == 0 && l.p_cols > 0 && l.q_cols > 0,
                 "weight gradient: operand widths (", l.p_cols, ", ", l.q_cols, ") must be positive multiples of 8");
   COMET_REQUIRE(l.experts > 0, "weight gradient: no experts");
+  const bool coop = l.gemm == WeightGradGemm::grouped_cooperative;
+  COMET_REQUIRE(coop || l.gemm == WeightGradGemm::grouped_pingpong, "weight gradient (grouped): not a grouped GEMM");
   if (l.out_f32) {
-    launch<float>(l, stream);
+    coop ? launch<float, CooperativeSchedule>(l, stream) : launch<float, PingpongSchedule>(l, stream);
   } else {
-    launch<Bf16>(l, stream);
+    coop ? launch<Bf16, CooperativeSchedule>(l, stream) : launch<Bf16, PingpongSchedule>(l, stream);
   }
 }
 

@@ -263,7 +263,13 @@ INSTANTIATE_TEST_SUITE_P(
         with_grouped_wgrad(BwdCase{"", kGelu, {1, 4}, {50, 70, 0, 129}}, "TP4_gelu_grouped_wgrad"),
         with_grouped_wgrad(BwdCase{"", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::uniform, Link::host,
                                    forced(256, 2), forced(256, 4), GradType::bf16},
-                           "EP2xTP2_top8_bf16_grads_grouped_wgrad")),
+                           "EP2xTP2_top8_bf16_grads_grouped_wgrad"),
+        [] {
+          BwdCase c{"EP4_all_to_one_expert_top1_silu_grouped_cooperative_wgrad", kSilu, {4, 1}, {90, 200, 0, 129},
+                    RoutingKind::one_expert};
+          c.wgrad = WeightGradKernel::grouped_cooperative;
+          return c;
+        }()),
     [](const ::testing::TestParamInfo<BwdCase>& info) { return std::string(info.param.name); });
 
 // The activation's backward in the epilogue computes dPre and g h with activation_grad's arithmetic on
@@ -400,11 +406,16 @@ TEST(FusedBackward, GroupedWeightGradIsThePersistentResult) {
     Harness a(persistent);
     a.run();
     const auto want = a.gradients();
-    Harness b(with_grouped_wgrad(persistent, persistent.name));
-    b.run();
-    const auto got = b.gradients();
-    EXPECT_TRUE(bitwise_equal(got.dw0, want.dw0)) << persistent.name << ": dW0";
-    EXPECT_TRUE(bitwise_equal(got.dw1, want.dw1)) << persistent.name << ": dW1";
+    for (WeightGradKernel kernel : {WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative}) {
+      BwdCase g = persistent;
+      g.wgrad = kernel;
+      Harness b(g);
+      b.run();
+      const auto got = b.gradients();
+      const char* which = kernel == WeightGradKernel::grouped ? " (grouped)" : " (grouped_cooperative)";
+      EXPECT_TRUE(bitwise_equal(got.dw0, want.dw0)) << persistent.name << which << ": dW0";
+      EXPECT_TRUE(bitwise_equal(got.dw1, want.dw1)) << persistent.name << which << ": dW1";
+    }
   }
 }
 
@@ -439,7 +450,8 @@ TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
 // within a quarter ulp of 2 bf16(x) from it, so it rounds to 2 bf16(x)). (Partial tiles of the weight
 // gradients, in M and N, are in MatchesReference: TP4_gelu, EP4_all_to_one_expert_top1_silu.)
 TEST(FusedBackward, AccumulateAddsToMainGrads) {
-  for (WeightGradKernel kernel : {WeightGradKernel::persistent, WeightGradKernel::grouped})
+  for (WeightGradKernel kernel :
+       {WeightGradKernel::persistent, WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative})
   for (GradType type : {GradType::f32, GradType::bf16}) {
     BwdCase c{"acc", kSmallSwiglu, {2, 1}, {100, 60}};
     c.grad_type = type;
@@ -452,7 +464,9 @@ TEST(FusedBackward, AccumulateAddsToMainGrads) {
     h.fused.sync_and_check();
     const auto twice = h.gradients();
     const std::string name = std::string(type == GradType::f32 ? "f32" : "bf16") +
-                             (kernel == WeightGradKernel::grouped ? ", grouped" : ", persistent");
+                             (kernel == WeightGradKernel::grouped               ? ", grouped"
+                              : kernel == WeightGradKernel::grouped_cooperative ? ", grouped_cooperative"
+                                                                                : ", persistent");
     for (size_t i = 0; i < once.dw0.size(); ++i)
       ASSERT_EQ(twice.dw0[i], 2 * once.dw0[i]) << name << " dW0 element " << i;
     for (size_t i = 0; i < once.dw1.size(); ++i)

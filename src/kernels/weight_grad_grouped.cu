@@ -215,6 +215,8 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
   const size_t need = workspace_bytes<Out, Sched>(l.experts);
   COMET_REQUIRE(l.workspace && l.workspace_bytes >= need, "weight gradient (grouped): the workspace holds ",
                 l.workspace_bytes, " bytes, ", need, " needed");
+  COMET_REQUIRE(reinterpret_cast<uintptr_t>(l.workspace) % 256 == 0,
+                "weight gradient (grouped): the workspace must be 256-byte aligned");
   const int64_t M = l.p_cols, N = l.q_cols;
   const auto sa = make_group_stride<typename G::StrideA>(1, M);  // A (m, k) at m + k M
   const auto sb = make_group_stride<typename G::StrideB>(1, N);  // B (n, k) at n + k N
@@ -238,9 +240,12 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
 }  // namespace
 
 size_t weight_grad_grouped_workspace_bytes(int experts) {
-  return std::max({workspace_bytes<float, PingpongSchedule>(experts), workspace_bytes<Bf16, PingpongSchedule>(experts),
+  // A multiple of 256: the engine puts two workspaces back to back, and CUTLASS's tensor maps in each
+  // need 128-byte alignment.
+  const size_t bytes = std::max({workspace_bytes<float, PingpongSchedule>(experts), workspace_bytes<Bf16, PingpongSchedule>(experts),
                    workspace_bytes<float, CooperativeSchedule>(experts),
                    workspace_bytes<Bf16, CooperativeSchedule>(experts)});
+  return (bytes + 255) / 256 * 256;
 }
 
 void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream) {

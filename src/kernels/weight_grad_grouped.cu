@@ -12,6 +12,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <utility>
 
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -165,7 +166,8 @@ __global__ void setup_groups(GroupArrays<Out, Sched> g, WeightGradLaunch l, type
 
 template <class Out, class Sched>
 typename GroupedWeightGrad<Out, Sched>::Gemm::Arguments arguments(const WeightGradLaunch& l,
-                                                                const GroupArrays<Out, Sched>& g, int sms) {
+                                                                const GroupArrays<Out, Sched>& g, int sms,
+                                                                int device = 0) {
   using G = GroupedWeightGrad<Out, Sched>;
   typename G::Gemm::Arguments args;
   decltype(args.epilogue.thread) fusion{};
@@ -178,7 +180,7 @@ typename GroupedWeightGrad<Out, Sched>::Gemm::Arguments arguments(const WeightGr
   fusion.dAlpha = {_0{}, _0{}, 0};
   fusion.dBeta = {_0{}, _0{}, 0};
   cutlass::KernelHardwareInfo hw;
-  hw.device_id = 0;  // only read where sm_count is not given
+  hw.device_id = device;
   hw.sm_count = sms;
   args = typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
                                      {l.experts, g.shapes, nullptr},
@@ -188,11 +190,12 @@ typename GroupedWeightGrad<Out, Sched>::Gemm::Arguments arguments(const WeightGr
   return args;
 }
 
-int sm_count() {
+// The current device and its multiprocessors.
+std::pair<int, int> device_and_sms() {
   int device = 0, sms = 0;
   COMET_CUDA_CHECK(cudaGetDevice(&device));
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return sms;
+  return {device, sms};
 }
 
 // CUTLASS sizes its workspace (tensor maps per multiprocessor) by the grid's SMs; we size it for this
@@ -221,13 +224,13 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
   const auto sa = make_group_stride<typename G::StrideA>(1, M);  // A (m, k) at m + k M
   const auto sb = make_group_stride<typename G::StrideB>(1, N);  // B (n, k) at n + k N
   const auto sd = make_group_stride<typename G::StrideD>(N, 1);  // D (m, n) at m N + n
-  const int sms = sm_count();
+  const auto [device, sms] = device_and_sms();
   COMET_REQUIRE(sms <= kMaxWorkspaceSms, "weight gradient (grouped): ", sms, " multiprocessors, the workspace is sized for ",
                 kMaxWorkspaceSms);
   setup_groups<Out, Sched><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);
   COMET_CUDA_CHECK_LAUNCH();
   typename G::Gemm gemm;
-  const auto args = arguments<Out, Sched>(l, g, sms);
+  const auto args = arguments<Out, Sched>(l, g, sms, device);
   void* cutlass_workspace = static_cast<char*>(l.workspace) + g.bytes;
   COMET_REQUIRE(gemm.can_implement(args) == cutlass::Status::kSuccess,
                 "weight gradient (grouped): CUTLASS cannot run this problem (P ", l.p_cols, " x Q ", l.q_cols, ")");

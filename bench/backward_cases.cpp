@@ -268,12 +268,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       moe.finish_grad(0, g0);
     };
     std::map<int, std::pair<int, Timing>> by_used;  // used C -> (requested C, time)
-    for (int requested : o_.chunks) {
-      chunked.options().chunks = requested;
-      moe.prepare(0);
-      chunked.setup(0);
-      const int used = chunked.chunks(0);
-      if (by_used.count(used)) continue;
+    for (const auto& [used, requested] : chunk_counts_used()) {
+      chunked.options().chunks = requested;  // chunked_forward sets it up
       by_used[used] = {requested, time(chunked_forward, chunked_backward)};
     }
     auto best = by_used.begin();

@@ -200,6 +200,17 @@ void GroupRunner::retime_all(const std::vector<Record*>& records, const std::vec
   }
 }
 
+std::map<int, int> GroupRunner::chunk_counts_used() {
+  std::map<int, int> used_to_requested;
+  for (int requested : o_.chunks) {
+    chunked_->options().chunks = requested;
+    moe_->engine().prepare(0);
+    chunked_->setup(0);
+    used_to_requested.emplace(chunked_->chunks(0), requested);  // keeps the first that gives a C
+  }
+  return used_to_requested;
+}
+
 Record GroupRunner::base(const CaseInput& in, const std::string& layer, const std::string& system) const {
   Record r;
   r.key = CaseKey{model_.name,    layout_.name, layout_.par.world(), layout_.par.ep, layout_.par.tp,
@@ -434,14 +445,12 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       Timing l0, l1;
     };
     std::map<int, ChunkTimes> by_used;
-    for (int c : o_.chunks) {
-      chunked.options().chunks = c;
+    for (const auto& [used, requested] : chunk_counts_used()) {
+      chunked.options().chunks = requested;
       moe.prepare(0);
       chunked.setup(0);
-      const int used = chunked.chunks(0);
-      if (by_used.count(used)) continue;
       ChunkTimes ct;
-      ct.requested = c;
+      ct.requested = requested;
       if (L0) ct.l0 = time([&] { moe.prepare(0); }, [&] { chunked.layer0(0); });
       if (L1) ct.l1 = time(nullptr, [&] { chunked.layer1(0); });
       by_used[used] = ct;

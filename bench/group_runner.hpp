@@ -2,6 +2,7 @@
 // largest capacity, and the measurements of every case (routing, tokens per rank) run on it.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,6 +75,9 @@ class GroupRunner {
   // The same for any number of records (records[i] timed by calls[i]).
   void retime_all(const std::vector<Record*>& records, const std::vector<TimedCall>& calls, double flops, bool comm,
                   const CaseRows& c);
+  // The chunked baseline's C values as it uses them for this case (at most W-1 remote chunks), each
+  // with the first of --chunks that gives it: used C -> requested C. Leaves rank 0 set up for the last.
+  std::map<int, int> chunk_counts_used();
   // The backward's records of a case (backward_cases.cpp), after run_case's forward ones: rank 0's
   // staged batch b0. Returns its part of the progress line.
   std::string run_backward(const CaseInput& input, const RankBatch& b0, const CaseRows& c, std::vector<Record>& out);

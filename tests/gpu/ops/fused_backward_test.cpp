@@ -40,9 +40,9 @@ struct BwdCase {
   WeightGradKernel wgrad = WeightGradKernel::persistent;  // BackwardOptions::weight_grad_kernel
 };
 
-// The same case with the weight gradients from CUTLASS's grouped ping-pong GEMM.
-BwdCase with_grouped_wgrad(BwdCase c, const char* name) {
-  c.wgrad = WeightGradKernel::grouped;
+// The same case with the weight gradients from one of CUTLASS's grouped GEMMs (ping-pong by default).
+BwdCase with_grouped_wgrad(BwdCase c, const char* name, WeightGradKernel kernel = WeightGradKernel::grouped) {
+  c.wgrad = kernel;
   c.name = name;
   return c;
 }
@@ -264,12 +264,9 @@ INSTANTIATE_TEST_SUITE_P(
         with_grouped_wgrad(BwdCase{"", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::uniform, Link::host,
                                    forced(256, 2), forced(256, 4), GradType::bf16},
                            "EP2xTP2_top8_bf16_grads_grouped_wgrad"),
-        [] {
-          BwdCase c{"EP4_all_to_one_expert_top1_silu_grouped_cooperative_wgrad", kSilu, {4, 1}, {90, 200, 0, 129},
-                    RoutingKind::one_expert};
-          c.wgrad = WeightGradKernel::grouped_cooperative;
-          return c;
-        }()),
+        with_grouped_wgrad(BwdCase{"", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
+                           "EP4_all_to_one_expert_top1_silu_grouped_cooperative_wgrad",
+                           WeightGradKernel::grouped_cooperative)),
     [](const ::testing::TestParamInfo<BwdCase>& info) { return std::string(info.param.name); });
 
 // The activation's backward in the epilogue computes dPre and g h with activation_grad's arithmetic on
@@ -401,9 +398,7 @@ TEST(FusedBackward, GroupedWeightGradIsThePersistentResult) {
     a.run();
     const auto want = a.gradients();
     for (WeightGradKernel kernel : {WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative}) {
-      BwdCase g = persistent;
-      g.wgrad = kernel;
-      Harness b(g);
+      Harness b(with_grouped_wgrad(persistent, persistent.name, kernel));
       b.run();
       const auto got = b.gradients();
       const char* which = kernel == WeightGradKernel::grouped ? " (grouped)" : " (grouped_cooperative)";

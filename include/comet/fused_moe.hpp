@@ -103,14 +103,6 @@ struct RankGrad {
   void* dw1 = nullptr;         // [E_l][H][F/tp], GradType
 };
 
-// Which GEMM makes the weight gradients dW0_e = dPre_e^T A_e and dW1_e = G_e^T (g h)_e.
-enum class WeightGradKernel {
-  persistent,  // ours (src/kernels/weight_grad_kernel.cuh): 128 x 256 tiles, cooperative warp groups
-  grouped,     // CUTLASS's grouped GEMM, ping-pong schedule, 128 x 128 tiles in 2 x 1 clusters
-               // (src/kernels/weight_grad_grouped.cu): one warp group's epilogue under the other's mainloop
-  grouped_cooperative,  // the same grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters (TMA multicast)
-};
-
 struct BackwardOptions {
   GradType grad_type = GradType::bf16;
   bool accumulate = false;  // dw0 / dw1 += the gradient (a framework's main grads); else overwritten

@@ -18,6 +18,14 @@ inline const char* to_string(DType t) { return t == DType::e4m3 ? "e4m3" : "bf16
 // comm_only: comm blocks only, no waits on compute (layer 1 ships whatever Y holds): T_comm.
 enum class LayerMode : int { fused = 0, gemm_only = 1, comm_only = 2 };
 
+// Which GEMM makes the weight gradients dW0_e = dPre_e^T A_e and dW1_e = G_e^T (g h)_e.
+enum class WeightGradKernel {
+  persistent,  // ours (src/kernels/weight_grad_kernel.cuh): 128 x 256 tiles, cooperative warp groups
+  grouped,     // CUTLASS's grouped GEMM, ping-pong schedule, 128 x 128 tiles in 2 x 1 clusters
+               // (src/kernels/weight_grad_grouped.cu): one warp group's epilogue under the other's mainloop
+  grouped_cooperative,  // the same grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters (TMA multicast)
+};
+
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's
 // table, else its cost model, and the rasterisation rule); a field that is set is obeyed (and checked).
 struct LayerRequest {

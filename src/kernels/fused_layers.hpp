@@ -123,8 +123,6 @@ struct GradLayer0Launch {
 // Weight gradient of every local expert: out_e = P_e^T Q_e over the expert's rows of two gathered
 // buffers (P [rows_cap][p_cols], Q [rows_cap][q_cols]); out [experts][p_cols][q_cols], fp32 or bf16.
 // The rows of P and Q past each expert's valid rows, up to its padded segment end, must be zero.
-enum class WeightGradGemm { persistent, grouped_pingpong, grouped_cooperative };
-
 struct WeightGradLaunch {
   const void* p = nullptr;
   int p_cols = 0;
@@ -139,7 +137,7 @@ struct WeightGradLaunch {
   bool accumulate = false;
   // Which GEMM: the persistent kernel (weight_grad_kernel.cuh) or one of CUTLASS's grouped GEMMs
   // (weight_grad_grouped.cu), which need weight_grad_grouped_workspace_bytes(experts) of workspace.
-  WeightGradGemm gemm = WeightGradGemm::persistent;
+  WeightGradKernel kernel = WeightGradKernel::persistent;
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
 };
@@ -181,7 +179,7 @@ void launch_layer1(const Layer1Launch& l, cudaStream_t stream);
 LaunchLimits grad_layer_limits(int launch, int tile_n);  // launch 2: grad_layer1's kernel, 3: grad_layer0's
 void launch_grad_layer1(const GradLayer1Launch& l, cudaStream_t stream);
 void launch_grad_layer0(const GradLayer0Launch& l, cudaStream_t stream);
-void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);  // the GEMM l.gemm names
+void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);  // the GEMM l.kernel names
 void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream);
 // Workspace of one grouped launch over `experts` groups, on any GPU of up to 256 multiprocessors
 // (weight_grad_grouped.cu: kMaxWorkspaceSms). A host computation: the footprint uses it without a GPU.

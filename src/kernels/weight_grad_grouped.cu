@@ -1,8 +1,8 @@
 // The weight gradients as CUTLASS's own grouped GEMM (WeightGradKernel::grouped: ping-pong schedule;
-// grouped_cooperative: cooperative in 2 x 1 clusters): one group per local expert, out_e = P_e^T Q_e with K = the expert's rows. Where our
-// persistent kernel (weight_grad_kernel.cuh) runs its epilogue in the same warp groups as its mainloop,
-// the ping-pong schedule lets one consumer warp group store a tile while the other computes the next,
-// which is what short K (an expert's rows at 1024 tokens) needs: there the fp32 store took a quarter
+// grouped_cooperative: cooperative in 2 x 1 clusters): one group per local expert, out_e = P_e^T Q_e
+// with K = the expert's rows. Where our persistent kernel (weight_grad_kernel.cuh) runs its epilogue in
+// the same warp groups as its mainloop, the ping-pong schedule lets one consumer warp group store a tile
+// while the other computes the next, which is what short K (an expert's rows at 1024 tokens) needs: there the fp32 store took a quarter
 // of the tile's time and our kernel ran at 0.77-0.80 of cuBLAS (bench/results/SUMMARY_backward.md).
 //
 // Everything the kernel reads about the groups lives on the device (the plan's expert_offset /
@@ -38,7 +38,7 @@ using Bf16 = cutlass::bfloat16_t;
 using LayoutA = cutlass::layout::ColumnMajor;
 using LayoutB = cutlass::layout::RowMajor;
 using LayoutD = cutlass::layout::RowMajor;
-// The two schedules offered (WeightGradGemm): ping-pong, one warp group's epilogue under the other's
+// The two schedules offered (WeightGradKernel::grouped, grouped_cooperative): ping-pong, one warp group's epilogue under the other's
 // mainloop, for short K; cooperative 128 x 256 as our persistent kernel but in 2 x 1 clusters (TMA
 // multicast of the shared operand), to see what the clusters are worth at long K.
 struct PingpongSchedule {
@@ -255,8 +255,8 @@ void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream) 
   COMET_REQUIRE(l.p_cols % 8 == 0 && l.q_cols % 8 == 0 && l.p_cols > 0 && l.q_cols > 0,
                 "weight gradient: operand widths (", l.p_cols, ", ", l.q_cols, ") must be positive multiples of 8");
   COMET_REQUIRE(l.experts > 0, "weight gradient: no experts");
-  const bool coop = l.gemm == WeightGradGemm::grouped_cooperative;
-  COMET_REQUIRE(coop || l.gemm == WeightGradGemm::grouped_pingpong, "weight gradient (grouped): not a grouped GEMM");
+  const bool coop = l.kernel == WeightGradKernel::grouped_cooperative;
+  COMET_REQUIRE(coop || l.kernel == WeightGradKernel::grouped, "weight gradient (grouped): not a grouped GEMM");
   if (l.out_f32) {
     coop ? launch<float, CooperativeSchedule>(l, stream) : launch<float, PingpongSchedule>(l, stream);
   } else {

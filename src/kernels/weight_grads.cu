@@ -12,7 +12,7 @@ namespace comet::kernels {
 using WeightGradConfig = GemmConfig<kTileM, 256, Major::mn, Major::mn>;
 
 void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream) {
-  if (l.gemm != WeightGradGemm::persistent) {
+  if (l.kernel != WeightGradKernel::persistent) {
     launch_weight_grad_grouped(l, stream);
     return;
   }

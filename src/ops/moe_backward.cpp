@@ -190,10 +190,8 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
   l.out = out;
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
-  l.gemm = o.weight_grad_kernel == WeightGradKernel::grouped             ? kernels::WeightGradGemm::grouped_pingpong
-           : o.weight_grad_kernel == WeightGradKernel::grouped_cooperative ? kernels::WeightGradGemm::grouped_cooperative
-                                                                          : kernels::WeightGradGemm::persistent;
-  if (l.gemm != kernels::WeightGradGemm::persistent) {  // launch 0 (dW1) and 1 (dW0): a workspace each (they may overlap)
+  l.kernel = o.weight_grad_kernel;
+  if (l.kernel != WeightGradKernel::persistent) {  // launch 0 (dW1) and 1 (dW0): a workspace each (they may overlap)
     l.workspace_bytes = kernels::weight_grad_grouped_workspace_bytes(l.experts);
     l.workspace = static_cast<char*>(s.wgrad_workspace) + size_t(launch) * l.workspace_bytes;
   }

@@ -192,7 +192,7 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
   l.accumulate = o.accumulate;
   l.kernel = o.weight_grad_kernel;
   if (l.kernel != WeightGradKernel::persistent) {  // launch 0 (dW1) and 1 (dW0): a workspace each (they may overlap)
-    l.workspace_bytes = kernels::weight_grad_grouped_workspace_bytes(l.experts);
+    l.workspace_bytes = s.wgrad_workspace_bytes;
     l.workspace = static_cast<char*>(s.wgrad_workspace) + size_t(launch) * l.workspace_bytes;
   }
   kernels::launch_weight_grad(l, stream);

@@ -158,7 +158,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       // its rows fit there.
       const int Fs = par_.ffn_shard(shape_);
       s->d_rows = Fs <= H ? s->y : alloc(*s, size_t(rows) * Fs * 2);
-      s->wgrad_workspace = alloc(*s, 2 * kernels::weight_grad_grouped_workspace_bytes(par_.local_experts(shape_)));
+      s->wgrad_workspace_bytes = kernels::weight_grad_grouped_workspace_bytes(par_.local_experts(shape_));
+      s->wgrad_workspace = alloc(*s, 2 * s->wgrad_workspace_bytes);
     }
     COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->joined, cudaEventDisableTiming));
     ranks_.push_back(std::move(s));

@@ -41,6 +41,7 @@ struct MoeEngine::RankState {
   int gate_partial_blocks = 1;    // columns of gate_partials the last backward of layer 1 wrote
   void* d_rows = nullptr;         // [rows_cap][F_s] D = G W1_e of the backward of layer 1 (Y when F_s <= H)
   void* wgrad_workspace = nullptr;  // two grouped weight-gradient launches' workspaces (dW1, dW0)
+  size_t wgrad_workspace_bytes = 0;  // of each
   bool saved = false;             // the last forward kept its activations and no backward used them yet
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)
   // The weight gradients run beside grad_layer0 on a low-priority stream: they take the SMs its

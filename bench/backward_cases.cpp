@@ -24,7 +24,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   const bool BWD = o_.has_layer("bwd"), PAIR = o_.has_layer("fwd+bwd");
   const RankGrad g0 = grads_.grad();
   BackwardOptions bo{};  // bf16 weight gradients, overwritten
-  if (o_.grouped_wgrad) bo.weight_grad_kernel = WeightGradKernel::grouped;
+  bo.weight_grad_kernel = o_.wgrad_kernel;
   // The "wgrad comet" records: one per weight-gradient GEMM (mode gemm_only: the persistent kernel).
   const std::pair<WeightGradKernel, const char*> wgrad_kernels[] = {{WeightGradKernel::persistent, "gemm_only"},
                                                                    {WeightGradKernel::grouped, "grouped"},
@@ -82,7 +82,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.tile_n = moe.decision(2, 0, LayerMode::fused, pick).tile_n;  // launch 3's may differ (not recorded)
       r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
                     moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
-                    (o_.grouped_wgrad ? "+grouped_wgrad" : "");
+                    "+wgrad:" + to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel));
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {

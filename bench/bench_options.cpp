@@ -35,10 +35,10 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            the gate partials in the GEMM's epilogue): bwd records of mode fused_act and
                            two_pass (an A/B pair of their own under --paired), a dgrad record with
                            picked_by fused_act
-  --grouped-wgrad          comet's backward makes its weight gradients with CUTLASS's grouped ping-pong
-                           GEMM (WeightGradKernel::grouped); either way "wgrad comet" records of modes
-                           grouped and grouped_cooperative time CUTLASS's grouped GEMMs beside the
-                           persistent kernel (mode gemm_only)
+  --wgrad-kernel NAME      the GEMM comet's backward makes its weight gradients with: auto (the
+                           planner's rule), persistent, grouped or grouped_cooperative (default: auto);
+                           either way "wgrad comet" records time each: the persistent kernel (mode
+                           gemm_only) and CUTLASS's grouped GEMMs (modes grouped, grouped_cooperative)
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
@@ -196,8 +196,11 @@ BenchOptions parse_options(int argc, char** argv) {
       o.adaptive = false;
     } else if (a == "--fused-activation-grad") {
       o.fused_activation_grad = true;
-    } else if (a == "--grouped-wgrad") {
-      o.grouped_wgrad = true;
+    } else if (a == "--wgrad-kernel") {
+      const std::string name = value();
+      const std::optional<WeightGradKernel> k = weight_grad_kernel_named(name);
+      if (!k) throw InvalidArgument(detail::concat("--wgrad-kernel: auto, persistent, grouped or grouped_cooperative, got '", name, "'"));
+      o.wgrad_kernel = *k;
     } else if (a == "--estimate") {
       o.estimate_only = true;
     } else {

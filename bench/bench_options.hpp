@@ -4,6 +4,8 @@
 #include <string>
 #include <vector>
 
+#include "comet/variant.hpp"
+
 namespace comet::bench {
 
 struct BenchOptions {
@@ -18,7 +20,7 @@ struct BenchOptions {
   std::vector<int> chunks{2, 4, 8};
   int chunk_comm_blocks = 16;
   bool fused_activation_grad = false;  // also time comet's backward with BackwardOptions::fused_activation
-  bool grouped_wgrad = false;  // comet's backward with WeightGradKernel::grouped (CUTLASS's ping-pong GEMM)
+  WeightGradKernel wgrad_kernel = WeightGradKernel::automatic;  // BackwardOptions::weight_grad_kernel of comet's backward
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
   std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)

@@ -112,7 +112,7 @@ struct BackwardOptions {
   // in another order. Off by default: on the H200 it was 0.3-0.7 % faster in the median, inside the noise
   // (docs/design-changes.md, "Backward").
   bool fused_activation = false;
-  WeightGradKernel weight_grad_kernel = WeightGradKernel::persistent;
+  WeightGradKernel weight_grad_kernel = WeightGradKernel::automatic;
 };
 
 class FusedMoe {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <string>
 
 namespace comet {
 
@@ -20,11 +21,29 @@ enum class LayerMode : int { fused = 0, gemm_only = 1, comm_only = 2 };
 
 // Which GEMM makes the weight gradients dW0_e = dPre_e^T A_e and dW1_e = G_e^T (g h)_e.
 enum class WeightGradKernel {
+  automatic,   // the launch planner's rule by shape (LaunchPlanner::weight_grad_kernel); all three give
+               // the same bits, so the choice is only about speed
   persistent,  // ours (src/kernels/weight_grad_kernel.cuh): 128 x 256 tiles, cooperative warp groups
   grouped,     // CUTLASS's grouped GEMM, ping-pong schedule, 128 x 128 tiles in 2 x 1 clusters
                // (src/kernels/weight_grad_grouped.cu): one warp group's epilogue under the other's mainloop
   grouped_cooperative,  // the same grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters (TMA multicast)
 };
+inline const char* to_string(WeightGradKernel k) {
+  switch (k) {
+    case WeightGradKernel::automatic: return "auto";
+    case WeightGradKernel::persistent: return "persistent";
+    case WeightGradKernel::grouped: return "grouped";
+    case WeightGradKernel::grouped_cooperative: return "grouped_cooperative";
+  }
+  return "?";
+}
+// The kernel to_string names; nullopt for another name.
+inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::string& name) {
+  for (WeightGradKernel k : {WeightGradKernel::automatic, WeightGradKernel::persistent, WeightGradKernel::grouped,
+                             WeightGradKernel::grouped_cooperative})
+    if (name == to_string(k)) return k;
+  return std::nullopt;
+}
 
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's
 // table, else its cost model, and the rasterisation rule); a field that is set is obeyed (and checked).

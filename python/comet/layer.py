@@ -77,8 +77,8 @@ class MoELayer(nn.Module):
     about k (6 F + 2 H) bytes, 2 x 92.4 KiB for Mixtral-8x7B (H 4096, F 14336).
     training=False (inference) does without them; its backward raises.
     fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE).
-    weight_grad_kernel="grouped": the weight gradients from CUTLASS's grouped ping-pong GEMM (comet.FusedMoE;
-    not yet run on a GPU).
+    weight_grad_kernel: which GEMM makes the weight gradients (comet.FusedMoE): "auto" (default, the
+    planner's rule by shape), "persistent", "grouped" or "grouped_cooperative"; all give the same bits.
 
     fp8 (dtype=torch.float8_e4m3fn; issue 17): layer 0's GEMM runs in e4m3 with fp32 accumulation. The
     tokens stay bf16 in and out: each rank quantises its own tokens inside the layer, once per forward,
@@ -101,7 +101,7 @@ class MoELayer(nn.Module):
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: Optional[bool] = None, fused_activation_grad: bool = False,
-                 weight_grad_kernel: str = "persistent"):
+                 weight_grad_kernel: str = "auto"):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "

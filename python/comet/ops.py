@@ -79,11 +79,11 @@ class _Registered:
     top_k: int
     training: bool
     fused_activation_grad: bool = False  # BackwardOptions::fused_activation for its backwards
-    weight_grad_kernel: str = "persistent"  # BackwardOptions::weight_grad_kernel for its backwards
+    weight_grad_kernel: str = "auto"  # BackwardOptions::weight_grad_kernel for its backwards
     tokens: tuple = ()  # tokens per rank of the last whole forward (training): what a backward pairs with
 
 
-_WEIGHT_GRAD_KERNELS = ("persistent", "grouped", "grouped_cooperative")  # BackwardOptions::weight_grad_kernel
+_WEIGHT_GRAD_KERNELS = ("auto", "persistent", "grouped", "grouped_cooperative")  # BackwardOptions::weight_grad_kernel
 _registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
@@ -134,10 +134,11 @@ class FusedMoE:
       epilogue (BackwardOptions::fused_activation: no second pass over D; the same dx and weight
       gradients bit for bit, the gate gradients summed in another order). Off by default: on the H200 it
       was under 1 % faster in the median, inside the noise.
-    weight_grad_kernel="grouped": the weight gradients from CUTLASS's grouped GEMM with the ping-pong
-      schedule instead of comet's persistent kernel (BackwardOptions::weight_grad_kernel; built for the
-      short K of an expert's rows at small batches); "grouped_cooperative": the same GEMM with cooperative
-      128 x 256 tiles in 2 x 1 clusters. Neither has run on a GPU yet (2026-12-04).
+    weight_grad_kernel: the GEMM of the weight gradients (BackwardOptions::weight_grad_kernel; all give the
+      same bits). "auto" (default): the launch planner's rule by shape, measured on the H200: CUTLASS's
+      grouped ping-pong GEMM ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in
+      2 x 1 clusters ("grouped_cooperative") at 4096 rows and more with H >= 4096, else comet's
+      persistent kernel ("persistent").
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
@@ -146,7 +147,7 @@ class FusedMoE:
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
-                 dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "persistent"):
+                 dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "auto"):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         if weight_grad_kernel not in _WEIGHT_GRAD_KERNELS:

@@ -121,11 +121,11 @@ BackwardOptions backward_options(const std::string& grad_type, bool accumulate, 
                                  const std::string& weight_grad_kernel) {
   BackwardOptions o;
   o.fused_activation = fused_activation;
-  if (weight_grad_kernel == "persistent") o.weight_grad_kernel = WeightGradKernel::persistent;
-  else if (weight_grad_kernel == "grouped") o.weight_grad_kernel = WeightGradKernel::grouped;
-  else if (weight_grad_kernel == "grouped_cooperative") o.weight_grad_kernel = WeightGradKernel::grouped_cooperative;
-  else throw InvalidArgument("weight_grad_kernel must be 'persistent', 'grouped' or 'grouped_cooperative', got '" +
-                             weight_grad_kernel + "'");
+  const std::optional<WeightGradKernel> kernel = weight_grad_kernel_named(weight_grad_kernel);
+  if (!kernel)
+    throw InvalidArgument("weight_grad_kernel must be 'auto', 'persistent', 'grouped' or 'grouped_cooperative', got '" +
+                          weight_grad_kernel + "'");
+  o.weight_grad_kernel = *kernel;
   if (grad_type == "bf16") o.grad_type = GradType::bf16;
   else if (grad_type == "f32") o.grad_type = GradType::f32;
   else throw InvalidArgument("grad_type must be 'bf16' or 'f32', got '" + grad_type + "'");
@@ -330,7 +330,8 @@ NB_MODULE(_C, m) {
       // Gradients of the last whole forward (built with training=True), for this process's one rank:
       // grad = (dout, dx, dgates, dw0, dw1); grad_type "bf16" or "f32" (dw0 / dw1); accumulate: dw += the
       // gradient instead of overwriting it; fused_activation: BackwardOptions::fused_activation;
-      // weight_grad_kernel: BackwardOptions::weight_grad_kernel, "persistent", "grouped" or "grouped_cooperative".
+      // weight_grad_kernel: BackwardOptions::weight_grad_kernel, "auto" (the planner's rule), "persistent",
+      // "grouped" or "grouped_cooperative".
       .def(
           "backward1",
           [](FusedMoe& m, int rank, const GradTuple& grad, uintptr_t stream, const std::string& grad_type,
@@ -343,7 +344,7 @@ NB_MODULE(_C, m) {
           },
           nb::arg("rank"), nb::arg("grad"), nb::arg("stream"), nb::arg("grad_type") = "bf16",
           nb::arg("accumulate") = false, nb::arg("fused_activation") = false,
-          nb::arg("weight_grad_kernel") = "persistent")
+          nb::arg("weight_grad_kernel") = "auto")
       // Every local rank: grads[i] of team.local_ranks()[i].
       .def(
           "backward",
@@ -354,7 +355,7 @@ NB_MODULE(_C, m) {
             m.backward(rg, stream_of(stream), backward_options(grad_type, accumulate, fused_activation, weight_grad_kernel));
           },
           nb::arg("grads"), nb::arg("stream"), nb::arg("grad_type") = "bf16", nb::arg("accumulate") = false,
-          nb::arg("fused_activation") = false, nb::arg("weight_grad_kernel") = "persistent")
+          nb::arg("fused_activation") = false, nb::arg("weight_grad_kernel") = "auto")
       .def("sync_and_check", &FusedMoe::sync_and_check)
       .def("close", &FusedMoe::close)  // keeps the GIL: an IpcTeam's all-gather is Python
       .def(

@@ -169,4 +169,22 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
   return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load);
 }
 
+// The weight-gradient GEMM by shape. Measured on the H200 (bench/results/h200_bwd_wgrad_kernels_0bf5199.json,
+// 16 cases: 4 models x EP 8 / TP 8 x 1024 / 16384 tokens; the three kernels give the same bits):
+//  * CUTLASS's ping-pong grouped GEMM (128 x 128 tiles) hides one warp group's fp32 store under the other's
+//    mainloop; that store is a large share of a tile where K (an expert's rows) is short. It won by 5-15 %
+//    at up to 2048 rows per expert, except with one local expert (Mixtral EP 8: +3 %) and with shards of
+//    F below 512 (Qwen2 TP 8, F/8 = 176: +26 %). At 8192 rows and more it lost 3-50 %.
+//  * The cooperative grouped GEMM (128 x 256 tiles, 2 x 1 clusters with TMA multicast) won by 4-15 % at
+//    4096 rows and more with H >= 4096 (DeepSeek-V3, Mixtral EP 8; Phi-3.5 even), lost 4-5 % at H 2048.
+//  * Our persistent kernel otherwise.
+WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested) const {
+  if (requested != WeightGradKernel::automatic) return requested;
+  const int local_experts = par_.local_experts(shape_);
+  const double rows_per_expert = expected_rows(shape_, par_, tokens) / local_experts;
+  if (rows_per_expert <= 2048 && local_experts >= 2 && par_.ffn_shard(shape_) >= 512) return WeightGradKernel::grouped;
+  if (rows_per_expert >= 4096 && shape_.hidden >= 4096) return WeightGradKernel::grouped_cooperative;
+  return WeightGradKernel::persistent;
+}
+
 }  // namespace comet

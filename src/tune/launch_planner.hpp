@@ -54,6 +54,10 @@ class LaunchPlanner {
   // InvalidArgument for a request the compiled kernels or this device cannot run.
   const PlannedLaunch& plan(int layer, LayerMode mode, int tokens, const LayerRequest& request) const;
 
+  // Which GEMM makes the weight gradients for `tokens` on this rank: `requested` unless automatic, else
+  // the rule in launch_planner.cpp (from expected rows per local expert, the shard's F and H).
+  WeightGradKernel weight_grad_kernel(int tokens, WeightGradKernel requested) const;
+
   // The tuner's key of a launch (load: the batch's load class, 1 for the host's own picks).
   TuneKey key(int layer, int tokens, int load = 1) const;
   const TuneTable& table() const { return table_; }

@@ -252,3 +252,33 @@ TEST(LaunchPlanner, Fp8Layer0HasItsTileAndKeys) {
 }
 
 }  // namespace
+
+// The weight-gradient GEMM rule against the H200 cases it was read from (launch_planner.cpp): W = 8,
+// rows per expert = 8 x tokens x k / E.
+TEST(LaunchPlanner, WeightGradKernelByShape) {
+  const MoeShape qwen2{2048, 1408, 64, 4, Activation::swiglu};
+  const MoeShape phi35{4096, 6400, 16, 2, Activation::swiglu};
+  const MoeShape deepseek{7168, 2048, 256, 8, Activation::swiglu};
+  auto pick = [](const MoeShape& s, Parallel par, int tokens) {
+    return LaunchPlanner(s, par, Link::device, h200_like(), {}).weight_grad_kernel(tokens, WeightGradKernel::automatic);
+  };
+  const Parallel ep8{8, 1}, tp8{1, 8};
+  using K = WeightGradKernel;
+  // Short K (<= 2048 rows per expert): ping-pong, but not for one local expert nor for F/tp < 512.
+  EXPECT_EQ(pick(kMixtral, tp8, 1024), K::grouped);      // 2048 rows, 8 experts, F/8 = 1792
+  EXPECT_EQ(pick(kMixtral, ep8, 1024), K::persistent);   // one local expert
+  EXPECT_EQ(pick(qwen2, ep8, 1024), K::grouped);         // 512 rows
+  EXPECT_EQ(pick(qwen2, tp8, 1024), K::persistent);      // F/8 = 176
+  EXPECT_EQ(pick(phi35, ep8, 1024), K::grouped);
+  EXPECT_EQ(pick(deepseek, ep8, 1024), K::grouped);      // 256 rows
+  EXPECT_EQ(pick(deepseek, tp8, 1024), K::persistent);   // F/8 = 256
+  // Long K: the cooperative clusters where H >= 4096, else ours.
+  EXPECT_EQ(pick(kMixtral, ep8, 16384), K::grouped_cooperative);
+  EXPECT_EQ(pick(deepseek, tp8, 16384), K::grouped_cooperative);  // 4096 rows
+  EXPECT_EQ(pick(qwen2, ep8, 16384), K::persistent);              // H = 2048
+  EXPECT_EQ(pick(kMixtral, ep8, 2048), K::grouped_cooperative);   // 4096 rows
+  EXPECT_EQ(pick(phi35, ep8, 2048), K::grouped);                  // 2048 rows
+  EXPECT_EQ(pick(phi35, ep8, 3000), K::persistent);               // 3000 rows: between the two rules
+  // A request is obeyed.
+  EXPECT_EQ(LaunchPlanner(kMixtral, ep8, Link::device, h200_like(), {}).weight_grad_kernel(1024, K::grouped), K::grouped);
+}

@@ -171,8 +171,31 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
         });
     Record rd = base(in, "dgrad", "comet");
     rd.mode = "gemm_only";
+    rd.picked_by = std::string(to_string(moe.decision(2, 0, LayerMode::gemm_only, pick).standalone_gemm)) + "/" +
+                   to_string(moe.decision(3, 0, LayerMode::gemm_only, pick).standalone_gemm);
     add_record(out, rd, td, flops_wgrad, false, c);
     note(" | dgrad comet %.3f", td.median_ms);
+    // --standalone-gemms: each standalone GEMM both launches may run (modes gemm_<name>).
+    for (StandaloneGemm k : {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+      if (!o_.standalone_gemms) break;
+      LayerRequest r = pick;
+      r.standalone_gemm = k;
+      const Timing tk = time(
+          [&] {
+            forward();
+            moe.stage_grad(0, g0);
+            moe.prepare_grad(0);
+          },
+          [&] {
+            moe.grad_layer1(0, LayerMode::gemm_only, r);
+            moe.grad_layer0(0, LayerMode::gemm_only, r);
+          });
+      Record rk = base(in, "dgrad", "comet");
+      rk.mode = std::string("gemm_") + to_string(k);
+      add_record(out, rk, tk, flops_wgrad, false, c);
+      line += std::string(" | dgrad ") + to_string(k) + " ";
+      note("%.3f", tk.median_ms);
+    }
     if (o_.fused_activation_grad) {  // the same with the activation's backward in the epilogue
       const Timing ta = time(
           [&] {

@@ -35,6 +35,10 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            the gate partials in the GEMM's epilogue): bwd records of mode fused_act and
                            two_pass (an A/B pair of their own under --paired), a dgrad record with
                            picked_by fused_act
+  --standalone-gemms       also time each GEMM that layers 1-3 may run alone (gemm_only, or the
+                           sequential schedule's GEMM launch): records of modes gemm_comet, gemm_grouped
+                           and gemm_grouped_cooperative (CUTLASS's grouped GEMMs) beside gemm_only (the
+                           planner's pick, named in picked_by), for l1-l3 and for dgrad
   --wgrad-kernel NAME      the GEMM comet's backward makes its weight gradients with: auto (the
                            planner's rule), persistent, grouped or grouped_cooperative (default: auto);
                            either way "wgrad comet" records time each: the persistent kernel (mode
@@ -196,6 +200,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.adaptive = false;
     } else if (a == "--fused-activation-grad") {
       o.fused_activation_grad = true;
+    } else if (a == "--standalone-gemms") {
+      o.standalone_gemms = true;
     } else if (a == "--wgrad-kernel") {
       const std::string name = value();
       const std::optional<WeightGradKernel> k = weight_grad_kernel_named(name);

@@ -20,6 +20,7 @@ struct BenchOptions {
   std::vector<int> chunks{2, 4, 8};
   int chunk_comm_blocks = 16;
   bool fused_activation_grad = false;  // also time comet's backward with BackwardOptions::fused_activation
+  bool standalone_gemms = false;  // records of every standalone GEMM (StandaloneGemm) of layers 1-3
   WeightGradKernel wgrad_kernel = WeightGradKernel::automatic;  // BackwardOptions::weight_grad_kernel of comet's backward
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;

@@ -347,7 +347,18 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       Record g = base(in, name, "comet");
       g.mode = "gemm_only";
       g.n_comm = 0;
+      g.picked_by = to_string(moe.decision(layer, 0, LayerMode::gemm_only, variant(tn, 0)).standalone_gemm);
       stamp(g, gemm, flops, false);
+      if (o_.standalone_gemms && layer > 0) {  // each GEMM the launch may run alone: modes gemm_<name>
+        for (StandaloneGemm k : {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+          LayerRequest r = variant(tn, 0);
+          r.standalone_gemm = k;
+          Record gk = base(in, name, "comet");
+          gk.mode = std::string("gemm_") + to_string(k);
+          gk.n_comm = 0;
+          stamp(gk, time(nullptr, [launch, r] { launch(LayerMode::gemm_only, r); }), flops, false);
+        }
+      }
       std::map<int, Timing> fused, comm;
       std::vector<int> swept;
       for (int n : o_.n_comm)
@@ -487,6 +498,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     LayerRequest r = LayerRequest::forced(d.tile_n, d.n_comm);
     r.m_group = d.m_group;
     r.n_group = d.n_group;
+    r.standalone_gemm = d.standalone_gemm;
     return r;
   };
   // The whole forward of rank 0: prepare, layer 0, layer 1, final reduce.

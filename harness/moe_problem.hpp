@@ -57,6 +57,12 @@ inline LayerRequest forced(int tile_n, int n_comm, int m_group = 0, int n_group 
   return r;
 }
 
+// The request with its standalone GEMM (gemm_only, or the sequential schedule's GEMM launch) set.
+inline LayerRequest with_standalone(LayerRequest r, StandaloneGemm gemm) {
+  r.standalone_gemm = gemm;
+  return r;
+}
+
 // ||a - b|| / ||b|| (returns +inf if a has a NaN).
 double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 

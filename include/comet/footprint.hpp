@@ -38,13 +38,15 @@ struct LayerFootprint {
   size_t self_partial = 0;  // [T][H] bf16: the rank's own pre-summed output rows
   size_t flags = 0;         // tile flags and the adaptive split's picks
   size_t plan = 0;          // the routing plan and its device builder's scratch
+  size_t workspaces = 0;    // CUTLASS's grouped GEMMs: the standalone expert GEMM's; training: and the
+                            // two weight-gradient launches' (dW1 and dW0 may overlap)
   size_t training = 0;      // pre-activations [rows][N0_s], output gradients [rows][H], gate partials
                             // [rows][gate_partial_columns] fp32, and D [rows][F/tp] where F/tp > H
                             // (else D lives in Y)
   size_t symmetric = 0;     // x [T][H] (e4m3: [T] records, fp8.hpp), routing [T][k] ids + gates, receive slots [W][T][H], failure
                             // words [W] int32 (kernels/peer_failure.hpp); training:
                             // gate-gradient slots [W][T][k] fp32
-  size_t compute() const { return gathered + expert_out + hidden + self_partial + flags + plan + training; }
+  size_t compute() const { return gathered + expert_out + hidden + self_partial + flags + plan + workspaces + training; }
   size_t total() const { return compute() + symmetric; }
 };
 

@@ -45,6 +45,18 @@ inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::strin
   return std::nullopt;
 }
 
+// The GEMM of a launch that has no comm blocks beside it (gemm_only mode, or the GEMM launch of the
+// sequential schedule) in layer 1 and in the backward's launches 2 (when its activation backward is a
+// second pass) and 3; layer 0's applies the activation in its epilogue and is always comet's.
+enum class StandaloneGemm {
+  comet,                // our kernel in gemm_only mode (128 x tile_n, cooperative warp groups)
+  grouped,              // CUTLASS's grouped GEMM, ping-pong, 128 x 128 tiles in 2 x 1 clusters
+  grouped_cooperative,  // CUTLASS's grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters
+};
+inline const char* to_string(StandaloneGemm g) {
+  return g == StandaloneGemm::grouped ? "grouped" : g == StandaloneGemm::grouped_cooperative ? "grouped_cooperative" : "comet";
+}
+
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's
 // table, else its cost model, and the rasterisation rule); a field that is set is obeyed (and checked).
 struct LayerRequest {
@@ -52,6 +64,7 @@ struct LayerRequest {
   std::optional<int> n_comm;   // comm blocks; 0: the sequential schedule (below)
   std::optional<int> m_group;  // M-tiles per rasterisation group, >= 1
   std::optional<int> n_group;  // layer 1: column blocks shipped together, >= 1
+  std::optional<StandaloneGemm> standalone_gemm;  // where the launch has a replaceable standalone GEMM (above)
 
   // tile and comm blocks fixed, the rest the planner's.
   static LayerRequest forced(int tile_n, int n_comm) {
@@ -87,6 +100,7 @@ struct LaunchDecision {
   int n_group = 1;
   int resident_blocks = 0;  // the tile's resident grid on this device: comm + compute blocks
   bool adaptive = false;   // the kernel may re-pick n_comm from the batch's plan (adaptive split)
+  StandaloneGemm standalone_gemm = StandaloneGemm::comet;  // the GEMM of a gemm_only or sequential launch
   const char* picked_by = "";  // "forced", "table", "cost_model"
 };
 

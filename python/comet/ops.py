@@ -93,7 +93,7 @@ def layer_footprint(hidden_size: int, ffn_size: int, num_experts: int, top_k: in
                     training: bool = False) -> dict:
     """Device bytes one rank of a FusedMoE with these arguments holds, by buffer, without building it
     (comet/footprint.hpp): gathered, expert_out (0 when it shares the gathered rows), hidden,
-    self_partial, flags, plan, training, symmetric (exported; pinned host memory with link="host"), and
+    self_partial, flags, plan, workspaces (CUTLASS's grouped GEMMs'), training, symmetric (exported; pinned host memory with link="host"), and
     compute, total, max_rows (resolved). A layer's device_bytes_per_rank is this total."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")

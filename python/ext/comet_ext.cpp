@@ -191,6 +191,7 @@ NB_MODULE(_C, m) {
         d["self_partial"] = f.self_partial;
         d["flags"] = f.flags;
         d["plan"] = f.plan;
+        d["workspaces"] = f.workspaces;
         d["training"] = f.training;
         d["symmetric"] = f.symmetric;
         d["compute"] = f.compute();

@@ -142,6 +142,24 @@ struct WeightGradLaunch {
   size_t workspace_bytes = 0;
 };
 
+// An expert GEMM with no comm blocks beside it, by CUTLASS's grouped GEMM (expert_gemm_grouped.cu):
+// out rows of expert e = its real rows of A times W_e (the plan's expert_offset / expert_rows; padding
+// rows of out are not written). bf16 throughout.
+struct ExpertGemmLaunch {
+  const void* a = nullptr;  // [rows_cap][k]
+  int k = 0;
+  const void* w = nullptr;  // [experts][k][n] (w_kn) or [experts][n][k]
+  bool w_kn = true;
+  int n = 0;
+  void* out = nullptr;  // [rows_cap][n]
+  int experts = 0;
+  const int32_t* expert_offset = nullptr;  // the plan's [experts + 1]
+  const int32_t* expert_rows = nullptr;    // the plan's [experts]
+  StandaloneGemm kernel = StandaloneGemm::grouped;
+  void* workspace = nullptr;  // expert_gemm_grouped_workspace_bytes(experts), 256-byte aligned
+  size_t workspace_bytes = 0;
+};
+
 // Multiprocessors and the largest grid of these kernels that is entirely resident at once.
 struct LaunchLimits {
   int sms = 0;
@@ -184,5 +202,8 @@ void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream);
 // Workspace of one grouped launch over `experts` groups, on any GPU of up to 256 multiprocessors
 // (weight_grad_grouped.cu: kMaxWorkspaceSms). A host computation: the footprint uses it without a GPU.
 size_t weight_grad_grouped_workspace_bytes(int experts);
+void launch_expert_gemm_grouped(const ExpertGemmLaunch& l, cudaStream_t stream);
+// Its workspace, sized as weight_grad_grouped_workspace_bytes's (a host computation).
+size_t expert_gemm_grouped_workspace_bytes(int experts);
 
 }  // namespace comet::kernels

@@ -12,130 +12,28 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
-#include <utility>
 
-#include <cute/tensor.hpp>
-#include <cutlass/cutlass.h>
-#include <cutlass/epilogue/collective/collective_builder.hpp>
-#include <cutlass/epilogue/thread/linear_combination.h>
-#include <cutlass/gemm/collective/collective_builder.hpp>
-#include <cutlass/gemm/device/gemm_universal_adapter.h>
-#include <cutlass/gemm/group_array_problem_shape.hpp>
-#include <cutlass/gemm/kernel/gemm_universal.hpp>
-
-#include "comet/common.hpp"
-#include "comet/cuda_check.hpp"
+#include "kernels/cutlass_grouped.cuh"
 #include "kernels/fused_layers.hpp"
 
 namespace comet::kernels {
 namespace {
 
-using namespace cute;
-using Problem = cutlass::gemm::GroupProblemShape<Shape<int, int, int>>;  // (M, N, K) per group
-using Bf16 = cutlass::bfloat16_t;
+using grouped::Bf16;
+using grouped::CooperativeSchedule;
+using grouped::PingpongSchedule;
+using grouped::Problem;
 // out_e = P_e^T Q_e: A = P_e^T is M x K with M (P's columns) contiguous, B = Q_e is K x N with N
 // contiguous, D is M x N with N contiguous.
-using LayoutA = cutlass::layout::ColumnMajor;
-using LayoutB = cutlass::layout::RowMajor;
-using LayoutD = cutlass::layout::RowMajor;
-// The two schedules offered (WeightGradKernel::grouped, grouped_cooperative): ping-pong, one warp group's epilogue under the other's
-// mainloop, for short K; cooperative 128 x 256 as our persistent kernel but in 2 x 1 clusters (TMA
-// multicast of the shared operand), to see what the clusters are worth at long K.
-struct PingpongSchedule {
-  using TileShape = Shape<_128, _128, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedPingpong;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedPingpong;
-};
-struct CooperativeSchedule {
-  using TileShape = Shape<_128, _256, _64>;
-  using ClusterShape = Shape<_2, _1, _1>;
-  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
-  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
-};
-
 template <class Out, class Sched>
-struct GroupedWeightGrad {
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, typename Sched::TileShape, typename Sched::ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, float, float,
-      Out, LayoutD*, 16 / sizeof(Out), Out, LayoutD*, 16 / sizeof(Out), typename Sched::Epilogue,
-      cutlass::epilogue::fusion::LinearCombination<Out, float, Out, float>>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Bf16, LayoutA*, 8, Bf16, LayoutB*, 8, float,
-      typename Sched::TileShape, typename Sched::ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(sizeof(typename Epilogue::SharedStorage))>,
-      typename Sched::Kernel>::CollectiveOp;
-  using Kernel = cutlass::gemm::kernel::GemmUniversal<Problem, Mainloop, Epilogue>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
-  using StrideA = typename Kernel::InternalStrideA;
-  using StrideB = typename Kernel::InternalStrideB;
-  using StrideC = typename Kernel::InternalStrideC;
-  using StrideD = typename Kernel::InternalStrideD;
-};
-
-// A stride of CUTLASS's (outer, inner, batch) form: its dynamic modes set to (s0, s1, 0) (one matrix
-// per group); a static mode must already hold its value.
-template <class Stride>
-Stride make_group_stride(int64_t s0, int64_t s1) {
-  Stride s{};
-  const int64_t want[3] = {s0, s1, 0};
-  cute::for_each(cute::make_seq<3>{}, [&](auto i) {
-    using Mode = cute::remove_cvref_t<decltype(cute::get<i>(s))>;
-    if constexpr (cute::is_static<Mode>::value) {
-      static_assert(i == 2 || Mode::value == 1, "a static stride mode other than the unit one");
-    } else {
-      cute::get<i>(s) = want[i];
-    }
-  });
-  return s;
-}
-
-// The per-group arguments, laid out at the front of the workspace (CUTLASS's own workspace follows).
-template <class Out, class Sched>
-struct GroupArrays {
-  using G = GroupedWeightGrad<Out, Sched>;
-  Problem::UnderlyingProblemShape* shapes;
-  const Bf16** a;
-  const Bf16** b;
-  const Out** c;
-  Out** d;
-  typename G::StrideA* stride_a;
-  typename G::StrideB* stride_b;
-  typename G::StrideC* stride_c;
-  typename G::StrideD* stride_d;
-  size_t bytes;  // of the arrays, rounded to 256
-};
-
-template <class Out, class Sched>
-GroupArrays<Out, Sched> carve(void* workspace, int experts) {
-  using G = GroupedWeightGrad<Out, Sched>;
-  GroupArrays<Out, Sched> g{};
-  auto* at = static_cast<char*>(workspace);
-  size_t used = 0;
-  auto take = [&](auto*& ptr, size_t each) {
-    used = (used + 15) / 16 * 16;
-    ptr = workspace ? reinterpret_cast<std::remove_reference_t<decltype(ptr)>>(at + used) : nullptr;
-    used += each * size_t(experts);
-  };
-  take(g.shapes, sizeof(Problem::UnderlyingProblemShape));
-  take(g.a, sizeof(void*));
-  take(g.b, sizeof(void*));
-  take(g.c, sizeof(void*));
-  take(g.d, sizeof(void*));
-  take(g.stride_a, sizeof(typename G::StrideA));
-  take(g.stride_b, sizeof(typename G::StrideB));
-  take(g.stride_c, sizeof(typename G::StrideC));
-  take(g.stride_d, sizeof(typename G::StrideD));
-  g.bytes = (used + 255) / 256 * 256;
-  return g;
-}
+using GroupedWeightGrad = grouped::GroupedGemm<cutlass::layout::ColumnMajor, cutlass::layout::RowMajor, Out, Sched>;
 
 // One thread per expert writes its group; the blocks after the first zero the outputs of experts
 // without rows when the gradient is overwritten (accumulate keeps them: a zero gradient adds nothing).
-template <class Out, class Sched, class G = GroupedWeightGrad<Out, Sched>>
-__global__ void setup_groups(GroupArrays<Out, Sched> g, WeightGradLaunch l, typename G::StrideA sa,
+template <class G>
+__global__ void setup_groups(grouped::GroupArrays<G> g, WeightGradLaunch l, typename G::StrideA sa,
                              typename G::StrideB sb, typename G::StrideD sd) {
+  using Out = typename G::Output;
   const int M = l.p_cols, N = l.q_cols;
   if (blockIdx.x == 0) {
     for (int e = threadIdx.x; e < l.experts; e += blockDim.x) {
@@ -165,79 +63,18 @@ __global__ void setup_groups(GroupArrays<Out, Sched> g, WeightGradLaunch l, type
 }
 
 template <class Out, class Sched>
-typename GroupedWeightGrad<Out, Sched>::Gemm::Arguments arguments(const WeightGradLaunch& l,
-                                                                const GroupArrays<Out, Sched>& g, int sms,
-                                                                int device = 0) {
-  using G = GroupedWeightGrad<Out, Sched>;
-  typename G::Gemm::Arguments args;
-  decltype(args.epilogue.thread) fusion{};
-  fusion.alpha = 1.f;
-  fusion.beta = l.accumulate ? 1.f : 0.f;
-  fusion.alpha_ptr = nullptr;
-  fusion.beta_ptr = nullptr;
-  fusion.alpha_ptr_array = nullptr;
-  fusion.beta_ptr_array = nullptr;
-  fusion.dAlpha = {_0{}, _0{}, 0};
-  fusion.dBeta = {_0{}, _0{}, 0};
-  cutlass::KernelHardwareInfo hw;
-  hw.device_id = device;
-  hw.sm_count = sms;
-  args = typename G::Gemm::Arguments{cutlass::gemm::GemmUniversalMode::kGrouped,
-                                     {l.experts, g.shapes, nullptr},
-                                     {g.a, g.stride_a, g.b, g.stride_b},
-                                     {fusion, g.c, g.stride_c, g.d, g.stride_d},
-                                     hw};
-  return args;
-}
-
-// The current device and its multiprocessors.
-std::pair<int, int> device_and_sms() {
-  int device = 0, sms = 0;
-  COMET_CUDA_CHECK(cudaGetDevice(&device));
-  COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  return {device, sms};
-}
-
-// CUTLASS sizes its workspace (tensor maps per multiprocessor) by the grid's SMs; we size it for this
-// many, so that the footprint is known without a GPU, and refuse a GPU with more.
-constexpr int kMaxWorkspaceSms = 256;
-
-template <class Out, class Sched>
-size_t workspace_bytes(int experts) {
-  using G = GroupedWeightGrad<Out, Sched>;
-  WeightGradLaunch l;
-  l.experts = experts;
-  const GroupArrays<Out, Sched> g = carve<Out, Sched>(nullptr, experts);
-  return g.bytes + G::Gemm::get_workspace_size(arguments<Out, Sched>(l, g, kMaxWorkspaceSms));
-}
-
-template <class Out, class Sched>
 void launch(const WeightGradLaunch& l, cudaStream_t stream) {
   using G = GroupedWeightGrad<Out, Sched>;
-  const GroupArrays<Out, Sched> g = carve<Out, Sched>(l.workspace, l.experts);
-  const size_t need = workspace_bytes<Out, Sched>(l.experts);
-  COMET_REQUIRE(l.workspace && l.workspace_bytes >= need, "weight gradient (grouped): the workspace holds ",
-                l.workspace_bytes, " bytes, ", need, " needed");
-  COMET_REQUIRE(reinterpret_cast<uintptr_t>(l.workspace) % 256 == 0,
-                "weight gradient (grouped): the workspace must be 256-byte aligned");
+  constexpr const char* what = "weight gradient (grouped)";
+  const auto [device, sms] = grouped::check_workspace<G>(l.experts, l.workspace, l.workspace_bytes, what);
+  const grouped::GroupArrays<G> g = grouped::carve<G>(l.workspace, l.experts);
   const int64_t M = l.p_cols, N = l.q_cols;
-  const auto sa = make_group_stride<typename G::StrideA>(1, M);  // A (m, k) at m + k M
-  const auto sb = make_group_stride<typename G::StrideB>(1, N);  // B (n, k) at n + k N
-  const auto sd = make_group_stride<typename G::StrideD>(N, 1);  // D (m, n) at m N + n
-  const auto [device, sms] = device_and_sms();
-  COMET_REQUIRE(sms <= kMaxWorkspaceSms, "weight gradient (grouped): ", sms, " multiprocessors, the workspace is sized for ",
-                kMaxWorkspaceSms);
-  setup_groups<Out, Sched><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);
+  const auto sa = grouped::make_group_stride<typename G::StrideA>(1, M);  // A (m, k) at m + k M
+  const auto sb = grouped::make_group_stride<typename G::StrideB>(1, N);  // B (n, k) at n + k N
+  const auto sd = grouped::make_group_stride<typename G::StrideD>(N, 1);  // D (m, n) at m N + n
+  setup_groups<G><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);
   COMET_CUDA_CHECK_LAUNCH();
-  typename G::Gemm gemm;
-  const auto args = arguments<Out, Sched>(l, g, sms, device);
-  void* cutlass_workspace = static_cast<char*>(l.workspace) + g.bytes;
-  COMET_REQUIRE(gemm.can_implement(args) == cutlass::Status::kSuccess,
-                "weight gradient (grouped): CUTLASS cannot run this problem (P ", l.p_cols, " x Q ", l.q_cols, ")");
-  COMET_REQUIRE(gemm.initialize(args, cutlass_workspace, stream) == cutlass::Status::kSuccess,
-                "weight gradient (grouped): CUTLASS's initialize failed");
-  COMET_REQUIRE(gemm.run(stream) == cutlass::Status::kSuccess, "weight gradient (grouped): CUTLASS's launch failed");
-  COMET_CUDA_CHECK_LAUNCH();
+  grouped::run<G>(g, l.experts, l.accumulate, l.workspace, device, sms, stream, what);
 }
 
 }  // namespace
@@ -245,9 +82,10 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
 size_t weight_grad_grouped_workspace_bytes(int experts) {
   // A multiple of 256: the engine puts two workspaces back to back, and CUTLASS's tensor maps in each
   // need 128-byte alignment.
-  const size_t bytes = std::max({workspace_bytes<float, PingpongSchedule>(experts), workspace_bytes<Bf16, PingpongSchedule>(experts),
-                   workspace_bytes<float, CooperativeSchedule>(experts),
-                   workspace_bytes<Bf16, CooperativeSchedule>(experts)});
+  const size_t bytes = std::max({grouped::workspace_bytes<GroupedWeightGrad<float, PingpongSchedule>>(experts),
+                                 grouped::workspace_bytes<GroupedWeightGrad<Bf16, PingpongSchedule>>(experts),
+                                 grouped::workspace_bytes<GroupedWeightGrad<float, CooperativeSchedule>>(experts),
+                                 grouped::workspace_bytes<GroupedWeightGrad<Bf16, CooperativeSchedule>>(experts)});
   return (bytes + 255) / 256 * 256;
 }
 

@@ -78,9 +78,10 @@ LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const
   if (training) {
     f.training = alloc_size(rows * n0 * 2) + alloc_size(rows * H * 2) +
                  alloc_size(rows * size_t(gate_partial_columns(shape, par)) * sizeof(float)) +
-                 (fs <= H ? 0 : alloc_size(rows * fs * 2)) +
-                 alloc_size(2 * kernels::weight_grad_grouped_workspace_bytes(par.local_experts(shape)));
+                 (fs <= H ? 0 : alloc_size(rows * fs * 2));
   }
+  f.workspaces = alloc_size(kernels::expert_gemm_grouped_workspace_bytes(par.local_experts(shape))) +
+                 (training ? alloc_size(2 * kernels::weight_grad_grouped_workspace_bytes(par.local_experts(shape))) : 0);
   const size_t x_row = dtype == DType::e4m3 ? size_t(fp8::record_bytes(shape.hidden)) : H * 2;
   f.symmetric = T * x_row + RoutingBufferLayout{cap.max_tokens_per_rank, shape.topk}.bytes() + W * T * H * 2 + W * 4 +
                 (training ? W * T * k * sizeof(float) : 0);

@@ -90,6 +90,7 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   const PlannedLaunch& planned = grad_plan(1, s, mode, request);
   const LaunchDecision& d = planned.decision;
   s.last[2] = d;
+  if (fused_activation) s.last[2].standalone_gemm = StandaloneGemm::comet;  // the epilogue is ours (below)
   kernels::GradLayer1Launch l;
   l.tile_n = d.tile_n;
   l.w1 = s.w1;
@@ -117,7 +118,12 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
     l.gate_ld = gate_blocks();
     l.topk = shape_.topk;
   }
-  run_schedule(l, d, /*pull=*/true, par_.world(), [&](const auto& x) { kernels::launch_grad_layer1(x, s.stream); });
+  auto launch = [&](const auto& x) { kernels::launch_grad_layer1(x, s.stream); };
+  run_schedule(l, d, /*pull=*/true, par_.world(), launch, [&](const auto& x) {
+    // The fused activation backward lives in our kernel's epilogue; a plain D = G W1_e may be CUTLASS's.
+    if (d.standalone_gemm == StandaloneGemm::comet || l.fused_activation) return launch(x);
+    grouped_expert_gemm(s, d.standalone_gemm, s.grad_rows, shape_.hidden, l.w1, /*w_kn=*/true, l.ffn_shard, l.d);
+  });
   if (mode == LayerMode::comm_only) return;
   if (l.fused_activation) {  // the epilogue did the activation's backward, one partial per N-block
     s.gate_partial_blocks = (l.ffn_shard + d.tile_n - 1) / d.tile_n;
@@ -217,7 +223,11 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   check_units(units, mode, "backward of layer 0");
   l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/true);
   l.split = grid_split(s, planned, mode, 3);
-  run_schedule(l, d, /*pull=*/false, par_.world(), [&](const auto& x) { kernels::launch_grad_layer0(x, s.stream); });
+  auto launch = [&](const auto& x) { kernels::launch_grad_layer0(x, s.stream); };
+  run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
+    if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
+    grouped_expert_gemm(s, d.standalone_gemm, l.dpre, l.n0, l.w0, /*w_kn=*/true, H, l.y);  // dA = dPre W0_e
+  });
 }
 
 void MoeEngine::finish_grad(int rank, const RankGrad& g) {

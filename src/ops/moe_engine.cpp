@@ -144,6 +144,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       s->sync_bytes = kernels::LayerSync::bytes(max_tiles, max_n_blocks);
       s->sync = kernels::LayerSync::carve(alloc(*s, s->sync_bytes), max_tiles, max_n_blocks);
       s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, kLaunchLayers * 4));
+      s->gemm_workspace_bytes = kernels::expert_gemm_grouped_workspace_bytes(par_.local_experts(shape_));
+      s->gemm_workspace = alloc(*s, s->gemm_workspace_bytes);
     }
     if (s->computes && options_.training) {
       int least = 0, greatest = 0;
@@ -400,7 +402,8 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   l.act = kernels::epilogue_op(shape_.act);
   l.dispatch = dispatch_args(s, s.a, units);
   l.split = grid_split(s, planned, mode, 0);
-  run_schedule(l, d, /*pull=*/true, par_.world(), [&](const auto& x) { kernels::launch_layer0(x, s.stream); });
+  auto launch = [&](const auto& x) { kernels::launch_layer0(x, s.stream); };
+  run_schedule(l, d, /*pull=*/true, par_.world(), launch, launch);  // its GEMM applies the activation: always ours
 }
 
 void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
@@ -422,7 +425,30 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   l.tile_done = s.sync.tile_done;
   l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/false);
   l.split = grid_split(s, planned, mode, 1);
-  run_schedule(l, d, /*pull=*/false, par_.world(), [&](const auto& x) { kernels::launch_layer1(x, s.stream); });
+  auto launch = [&](const auto& x) { kernels::launch_layer1(x, s.stream); };
+  run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
+    if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
+    grouped_expert_gemm(s, d.standalone_gemm, l.hid, l.ffn_shard, l.w1, /*w_kn=*/false, H, l.y);  // Y = h W1_e^T
+  });
+}
+
+void MoeEngine::grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w,
+                                    bool w_kn, int n, void* out) const {
+  const PlanView plan = s.plan.view();
+  kernels::ExpertGemmLaunch l;
+  l.a = a;
+  l.k = k;
+  l.w = w;
+  l.w_kn = w_kn;
+  l.n = n;
+  l.out = out;
+  l.experts = par_.local_experts(shape_);
+  l.expert_offset = plan.expert_offset;
+  l.expert_rows = plan.expert_rows;
+  l.kernel = gemm;
+  l.workspace = s.gemm_workspace;
+  l.workspace_bytes = s.gemm_workspace_bytes;
+  kernels::launch_expert_gemm_grouped(l, s.stream);
 }
 
 void MoeEngine::publish_failure(int rank) {

@@ -172,6 +172,10 @@ class MoeEngine {
   const PlannedLaunch& grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const;
   // The grid split of a launch of `layer` on a rank, from the planner's decision.
   kernels::GridSplit grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode, int layer) const;
+  // A standalone expert GEMM (LaunchDecision::standalone_gemm, not comet) on the rank's stream: out rows
+  // of expert e = its rows of A [rows][k] times W_e ([k][n] if w_kn, else [n][k]).
+  void grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w, bool w_kn,
+                           int n, void* out) const;
 
   Team& team_;
   MoeShape shape_;

@@ -40,6 +40,8 @@ struct MoeEngine::RankState {
   float* gate_partials = nullptr; // [rows_cap][gate_blocks]
   int gate_partial_blocks = 1;    // columns of gate_partials the last backward of layer 1 wrote
   void* d_rows = nullptr;         // [rows_cap][F_s] D = G W1_e of the backward of layer 1 (Y when F_s <= H)
+  void* gemm_workspace = nullptr;  // the standalone expert GEMM's (CUTLASS's grouped GEMM, on `stream`)
+  size_t gemm_workspace_bytes = 0;
   void* wgrad_workspace = nullptr;  // two grouped weight-gradient launches' workspaces (dW1, dW0)
   size_t wgrad_workspace_bytes = 0;  // of each
   bool saved = false;             // the last forward kept its activations and no backward used them yet
@@ -64,7 +66,7 @@ struct MoeEngine::RankState {
     for (void* p : owned) release(p);
     owned.clear();
     plan = DevicePlan();
-    a = hid = hid_call = y = self_partial = pre = grad_rows = d_rows = wgrad_workspace = nullptr;
+    a = hid = hid_call = y = self_partial = pre = grad_rows = d_rows = wgrad_workspace = gemm_workspace = nullptr;
     gate_partials = nullptr;
     chosen_n_comm = nullptr;
     sync = kernels::LayerSync{};

@@ -50,7 +50,8 @@ int LaunchPlanner::resident_blocks(int layer, int tile_n) const {
 
 const PlannedLaunch& LaunchPlanner::plan(int layer, LayerMode mode, int tokens, const LayerRequest& request) const {
   const Key id{layer, int(mode), tokens, request.tile_n.value_or(-1), request.n_comm.value_or(-1),
-               request.m_group.value_or(-1), request.n_group.value_or(-1)};
+               request.m_group.value_or(-1), request.n_group.value_or(-1),
+               request.standalone_gemm ? int(*request.standalone_gemm) : -1};
   if (const auto it = memo_.find(id); it != memo_.end()) return it->second;
   // A bound on the memo for callers whose token count changes every step (a few kB per entry).
   if (memo_.size() >= 4096) memo_.clear();
@@ -120,6 +121,10 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   if (comm_kind(layer) == 1 && !request.n_group && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
     d.n_group = std::max(1, ceil_div(ceil_div(row_work(shape_, par_, layer).gemm_n, d.tile_n), 2));
   d.m_group = v.m_group > 0 ? v.m_group : m_group_rule(layer, mode, tokens, d);
+  // Layer 0's GEMM applies the activation in its epilogue: always ours (the request's field is for the
+  // launches that have a plain product, as the fused schedule's is for the comm blocks beside it).
+  if (layer != 0 && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
+    d.standalone_gemm = request.standalone_gemm.value_or(standalone_gemm_rule(layer, tokens));
 
   PlannedLaunch p;
   p.decision = d;
@@ -167,6 +172,13 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
       by_load[c] = std::min(e->variant.n_comm, d.resident_blocks - 1);
   }
   return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load);
+}
+
+// The standalone GEMM of layers 1, 2 and 3 (gemm_only, or the sequential schedule's GEMM launch).
+StandaloneGemm LaunchPlanner::standalone_gemm_rule(int layer, int tokens) const {
+  (void)layer;
+  (void)tokens;
+  return StandaloneGemm::comet;
 }
 
 // The weight-gradient GEMM by shape. Measured on the H200 (bench/results/h200_bwd_wgrad_kernels_0bf5199.json,

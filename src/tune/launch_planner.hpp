@@ -69,6 +69,7 @@ class LaunchPlanner {
   PlannedLaunch decide(int layer, LayerMode mode, int tokens, const LayerRequest& request) const;
   int m_group_rule(int layer, LayerMode mode, int tokens, const LaunchDecision& d) const;
   AdaptiveSplit adaptive_split(int layer, int tokens, const LaunchDecision& d) const;
+  StandaloneGemm standalone_gemm_rule(int layer, int tokens) const;
 
   MoeShape shape_;
   Parallel par_;
@@ -76,8 +77,8 @@ class LaunchPlanner {
   DeviceCaps caps_;
   TuneTable table_;
   PlannerPolicy policy_;
-  // (layer, mode, tokens, tile_n, n_comm, m_group, n_group); an empty request field is -1.
-  using Key = std::tuple<int, int, int, int, int, int, int>;
+  // (layer, mode, tokens, tile_n, n_comm, m_group, n_group, standalone_gemm); an empty request field is -1.
+  using Key = std::tuple<int, int, int, int, int, int, int, int>;
   mutable std::map<Key, PlannedLaunch> memo_;
   mutable std::map<std::pair<int, int>, int> resident_;  // (layer, tile_n) -> blocks
 };

@@ -75,12 +75,16 @@ TEST(Footprint, ExpertOutputsShareTheGatheredRowsWithoutTraining) {
   // Training: pre-activations (2 F_s columns), output gradients, gate partials (one per 128 columns of
   // F_s: 16); D lives in Y (F_s <= H).
   EXPECT_EQ(gate_partial_columns(kDeepSeekV3, ep8), 16);
-  // ... and two workspaces of the grouped weight-gradient GEMM (per-expert arguments, CUTLASS's tensor
-  // maps): small next to the rows.
+  EXPECT_EQ(train.training, rows * 2 * Fs * 2 + rows * H * 2 + rows * 16 * 4);
+  // CUTLASS's grouped GEMMs' workspaces (per-expert arguments, tensor maps), small next to the rows: the
+  // standalone expert GEMM's; training adds the two weight-gradient launches'.
+  const size_t gemm_workspace = kernels::expert_gemm_grouped_workspace_bytes(256 / 8);
   const size_t wgrad_workspaces = 2 * kernels::weight_grad_grouped_workspace_bytes(256 / 8);
+  EXPECT_GT(gemm_workspace, 0u);
   EXPECT_GT(wgrad_workspaces, 0u);
-  EXPECT_LT(wgrad_workspaces, size_t(4) << 20);
-  EXPECT_EQ(train.training, rows * 2 * Fs * 2 + rows * H * 2 + rows * 16 * 4 + wgrad_workspaces);
+  EXPECT_LT(gemm_workspace + wgrad_workspaces, size_t(4) << 20);
+  EXPECT_EQ(inf.workspaces, gemm_workspace);
+  EXPECT_EQ(train.workspaces, gemm_workspace + wgrad_workspaces);
   // x, routing (16-byte header, ids, gates), receive slots, failure words; training adds the
   // gate-gradient slots.
   EXPECT_EQ(inf.symmetric, T * H * 2 + 16 + T * 8 * 8 + W * T * H * 2 + W * 4);
@@ -98,8 +102,7 @@ TEST(Footprint, DRowsGetTheirOwnBufferWhenWiderThanH) {
   const MoeCapacity cap = resolve_capacity(wide, p, MoeCapacity{64});
   const size_t rows = size_t(cap.max_rows_per_rank);
   const LayerFootprint f = layer_footprint(wide, p, cap, true);
-  EXPECT_EQ(f.training, rows * 1024 * 2 + rows * 256 * 2 + rows * 8 * 4 + rows * 1024 * 2 +
-                            2 * kernels::weight_grad_grouped_workspace_bytes(2));
+  EXPECT_EQ(f.training, rows * 1024 * 2 + rows * 256 * 2 + rows * 8 * 4 + rows * 1024 * 2);
   expect_invalid([&] { layer_footprint(wide, p, MoeCapacity{64, 0}, true); }, "resolved");
 }
 

@@ -26,6 +26,11 @@ LaunchPlanner planner(const Parallel& par, TuneTable table = {}, bool adaptive =
   return LaunchPlanner(kMixtral, par, Link::host, h200_like(queries), std::move(table), PlannerPolicy{adaptive, false});
 }
 
+LayerRequest with_gemm(LayerRequest r, StandaloneGemm gemm) {
+  r.standalone_gemm = gemm;
+  return r;
+}
+
 LayerRequest tile(int tile_n) {
   LayerRequest r;
   r.tile_n = tile_n;
@@ -281,4 +286,23 @@ TEST(LaunchPlanner, WeightGradKernelByShape) {
   EXPECT_EQ(pick(phi35, ep8, 3000), K::persistent);               // 3000 rows: between the two rules
   // A request is obeyed.
   EXPECT_EQ(LaunchPlanner(kMixtral, ep8, Link::device, h200_like(), {}).weight_grad_kernel(1024, K::grouped), K::grouped);
+}
+
+// The standalone GEMM: only where a launch's GEMM runs without comm blocks beside it (gemm_only, or the
+// sequential schedule) and is a plain product (not layer 0's, which applies the activation).
+TEST(LaunchPlanner, StandaloneGemmOnlyWhereTheGemmRunsAlone) {
+  const LaunchPlanner p = planner(Parallel{8, 1});
+  const LayerRequest seq = with_gemm(LayerRequest::forced(256, 0), StandaloneGemm::grouped);
+  const LayerRequest fused = with_gemm(LayerRequest::forced(256, 4), StandaloneGemm::grouped);
+  for (int layer : {1, 2, 3}) {
+    EXPECT_EQ(p.plan(layer, LayerMode::fused, 4096, seq).decision.standalone_gemm, StandaloneGemm::grouped) << layer;
+    EXPECT_EQ(p.plan(layer, LayerMode::gemm_only, 4096, fused).decision.standalone_gemm, StandaloneGemm::grouped)
+        << layer;
+    EXPECT_EQ(p.plan(layer, LayerMode::fused, 4096, fused).decision.standalone_gemm, StandaloneGemm::comet) << layer;
+  }
+  EXPECT_EQ(p.plan(0, LayerMode::fused, 4096, seq).decision.standalone_gemm, StandaloneGemm::comet);
+  EXPECT_EQ(p.plan(0, LayerMode::gemm_only, 4096, seq).decision.standalone_gemm, StandaloneGemm::comet);
+  // The memo tells requests apart by this field too.
+  const LayerRequest seq_coop = with_gemm(LayerRequest::forced(256, 0), StandaloneGemm::grouped_cooperative);
+  EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, seq_coop).decision.standalone_gemm, StandaloneGemm::grouped_cooperative);
 }

@@ -266,7 +266,25 @@ INSTANTIATE_TEST_SUITE_P(
                            "EP2xTP2_top8_bf16_grads_grouped_wgrad"),
         with_grouped_wgrad(BwdCase{"", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
                            "EP4_all_to_one_expert_top1_silu_grouped_cooperative_wgrad",
-                           WeightGradKernel::grouped_cooperative)),
+                           WeightGradKernel::grouped_cooperative),
+        // The sequential schedule's GEMMs (forward layer 1, backward launches 2 and 3) as CUTLASS's
+        // grouped GEMMs (StandaloneGemm); with the fused activation backward launch 2 keeps ours.
+        BwdCase{"EP4_zero_token_rank_grouped_gemms", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::uniform,
+                Link::device, with_standalone(forced(256, 0), StandaloneGemm::grouped),
+                with_standalone(forced(256, 0), StandaloneGemm::grouped)},
+        BwdCase{"EP4_all_to_one_expert_top1_silu_grouped_coop_gemms", kSilu, {4, 1}, {90, 200, 0, 129},
+                RoutingKind::one_expert, Link::host, with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative),
+                with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative)},
+        BwdCase{"TP4_gelu_grouped_gemms", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::device,
+                with_standalone(forced(128, 0), StandaloneGemm::grouped),
+                with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative)},
+        BwdCase{"EP2xTP2_top8_bf16_grads_grouped_gemms", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf,
+                Link::device, with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative),
+                with_standalone(forced(256, 0), StandaloneGemm::grouped), GradType::bf16},
+        with_fused_act(BwdCase{"", kGelu, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::host,
+                               with_standalone(forced(256, 0), StandaloneGemm::grouped),
+                               with_standalone(forced(256, 0), StandaloneGemm::grouped)},
+                       "EP2xTP2_grouped_gemms_fused_act")),
     [](const ::testing::TestParamInfo<BwdCase>& info) { return std::string(info.param.name); });
 
 // The activation's backward in the epilogue computes dPre and g h with activation_grad's arithmetic on

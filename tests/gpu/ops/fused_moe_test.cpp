@@ -149,7 +149,17 @@ INSTANTIATE_TEST_SUITE_P(
              forced(128, 2, 0, 1)},
         Case{"EP8_one_expert_hot5", kTop8, {8, 1}, {64, 64, 64, 64, 64, 64, 64, 64}, RoutingKind::one_expert,
              Link::device, forced(256, 2, 16, 1),
-             forced(256, 4, 16, 1), 5}),
+             forced(256, 4, 16, 1), 5},
+        // Layer 1's GEMM of the sequential schedule as CUTLASS's grouped GEMM (StandaloneGemm): a rank
+        // without tokens, experts without rows (M 0 groups), a partial N (TP 4: F_s = 96 as K), top-8.
+        Case{"EP4_zero_token_rank_grouped_l1", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::uniform,
+             Link::device, forced(256, 0), with_standalone(forced(256, 0), StandaloneGemm::grouped)},
+        Case{"EP4_all_to_one_expert_top1_grouped_coop_l1", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert,
+             Link::host, forced(256, 2), with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative)},
+        Case{"TP4_gelu_grouped_l1", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::device,
+             forced(256, 0), with_standalone(forced(128, 0), StandaloneGemm::grouped)},
+        Case{"EP2xTP2_top8_grouped_coop_l1", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::device,
+             forced(256, 2), with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative)}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Same result, bitwise, whatever the number of comm blocks, and over repeated runs.

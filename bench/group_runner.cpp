@@ -350,13 +350,24 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       g.picked_by = to_string(moe.decision(layer, 0, LayerMode::gemm_only, variant(tn, 0)).standalone_gemm);
       stamp(g, gemm, flops, false);
       if (o_.standalone_gemms && layer > 0) {  // each GEMM the launch may run alone: modes gemm_<name>
-        for (StandaloneGemm k : {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+        const StandaloneGemm kinds[] = {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative};
+        std::vector<TimedCall> calls;
+        for (StandaloneGemm k : kinds) {
           LayerRequest r = variant(tn, 0);
           r.standalone_gemm = k;
+          calls.push_back({nullptr, [launch, r] { launch(LayerMode::gemm_only, r); }});
+        }
+        // --paired: in rotation (comet-tune compares them: the same clocks for each).
+        std::vector<Timing> t;
+        if (o_.paired)
+          t = timer_.measure_rotation(team_->stream(0), warmup_, o_.reps, calls, [&] { moe_->sync_and_check(); });
+        else
+          for (const TimedCall& c : calls) t.push_back(time(c.pre, c.fn));
+        for (size_t i = 0; i < calls.size(); ++i) {
           Record gk = base(in, name, "comet");
-          gk.mode = std::string("gemm_") + to_string(k);
+          gk.mode = std::string("gemm_") + to_string(kinds[i]);
           gk.n_comm = 0;
-          stamp(gk, time(nullptr, [launch, r] { launch(LayerMode::gemm_only, r); }), flops, false);
+          stamp(gk, t[i], flops, false);
         }
       }
       std::map<int, Timing> fused, comm;

@@ -56,6 +56,12 @@ enum class StandaloneGemm {
 inline const char* to_string(StandaloneGemm g) {
   return g == StandaloneGemm::grouped ? "grouped" : g == StandaloneGemm::grouped_cooperative ? "grouped_cooperative" : "comet";
 }
+// The GEMM to_string names; nullopt for another name.
+inline std::optional<StandaloneGemm> standalone_gemm_named(const std::string& name) {
+  for (StandaloneGemm g : {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative})
+    if (name == to_string(g)) return g;
+  return std::nullopt;
+}
 
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's
 // table, else its cost model, and the rasterisation rule); a field that is set is obeyed (and checked).
@@ -82,6 +88,9 @@ struct LayerVariant {
   int n_comm = 2;
   int m_group = 0;
   int n_group = 1;
+  // With n_comm 0 in layers 1-3: the sequential schedule's GEMM (comet-tune sets it where one of
+  // CUTLASS's grouped GEMMs measured faster than ours on the case).
+  StandaloneGemm standalone_gemm = StandaloneGemm::comet;
 };
 
 // fused:      comm blocks inside the GEMM kernel (n_comm > 0).

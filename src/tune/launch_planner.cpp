@@ -82,7 +82,8 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   d.layer = layer;
   d.mode = mode;
   if (request.tile_n && request.n_comm) {
-    v = LayerVariant{*request.tile_n, *request.n_comm, request.m_group.value_or(0), request.n_group.value_or(1)};
+    v = LayerVariant{*request.tile_n, *request.n_comm, request.m_group.value_or(0), request.n_group.value_or(1),
+                     request.standalone_gemm.value_or(StandaloneGemm::comet)};
     d.picked_by = "forced";
   } else {
     const LayerWork work = expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256));
@@ -124,7 +125,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   // Layer 0's GEMM applies the activation in its epilogue: always ours (the request's field is for the
   // launches that have a plain product, as the fused schedule's is for the comm blocks beside it).
   if (layer != 0 && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
-    d.standalone_gemm = request.standalone_gemm.value_or(standalone_gemm_rule(layer, tokens));
+    d.standalone_gemm = v.standalone_gemm;  // the request's, else the table entry's, else ours
 
   PlannedLaunch p;
   p.decision = d;
@@ -172,13 +173,6 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
       by_load[c] = std::min(e->variant.n_comm, d.resident_blocks - 1);
   }
   return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load);
-}
-
-// The standalone GEMM of layers 1, 2 and 3 (gemm_only, or the sequential schedule's GEMM launch).
-StandaloneGemm LaunchPlanner::standalone_gemm_rule(int layer, int tokens) const {
-  (void)layer;
-  (void)tokens;
-  return StandaloneGemm::comet;
 }
 
 // The weight-gradient GEMM by shape. Measured on the H200 (bench/results/h200_bwd_wgrad_kernels_0bf5199.json,

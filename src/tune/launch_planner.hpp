@@ -69,7 +69,6 @@ class LaunchPlanner {
   PlannedLaunch decide(int layer, LayerMode mode, int tokens, const LayerRequest& request) const;
   int m_group_rule(int layer, LayerMode mode, int tokens, const LaunchDecision& d) const;
   AdaptiveSplit adaptive_split(int layer, int tokens, const LaunchDecision& d) const;
-  StandaloneGemm standalone_gemm_rule(int layer, int tokens) const;
 
   MoeShape shape_;
   Parallel par_;

@@ -21,7 +21,9 @@ constexpr double kRetileGain = 0.9;
 std::string model_key(const std::string& gpu, Link link) { return gpu + '|' + to_string(link); }
 
 json to_json(const LayerVariant& v) {
-  return json{{"tile_n", v.tile_n}, {"n_comm", v.n_comm}, {"m_group", v.m_group}, {"n_group", v.n_group}};
+  json j{{"tile_n", v.tile_n}, {"n_comm", v.n_comm}, {"m_group", v.m_group}, {"n_group", v.n_group}};
+  if (v.standalone_gemm != StandaloneGemm::comet) j["standalone_gemm"] = to_string(v.standalone_gemm);
+  return j;
 }
 
 LayerVariant variant_from(const json& j) {
@@ -30,6 +32,10 @@ LayerVariant variant_from(const json& j) {
   v.n_comm = j.at("n_comm").get<int>();
   v.m_group = j.value("m_group", 0);
   v.n_group = j.value("n_group", 1);
+  const std::string gemm = j.value("standalone_gemm", "comet");
+  const std::optional<StandaloneGemm> g = standalone_gemm_named(gemm);
+  if (!g) throw InvalidArgument(detail::concat("standalone_gemm '", gemm, "' is not comet, grouped or grouped_cooperative"));
+  v.standalone_gemm = *g;
   return v;
 }
 
@@ -156,6 +162,7 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
     t.variant.n_comm = model.best_n_comm(work, key.sms, t.variant.tile_n);
     t.variant.m_group = 0;
     t.variant.n_group = 1;
+    t.variant.standalone_gemm = StandaloneGemm::comet;  // the model has no rates for CUTLASS's GEMMs
     t.picked_by = "cost_model";
   }
   LayerVariant& v = t.variant;
@@ -163,6 +170,7 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
   v.n_comm = request.n_comm.value_or(v.n_comm);
   v.m_group = request.m_group.value_or(v.m_group);
   v.n_group = request.n_group.value_or(v.n_group);
+  v.standalone_gemm = request.standalone_gemm.value_or(v.standalone_gemm);
   return t;
 }
 

@@ -265,3 +265,24 @@ TEST(PickVariant, CostModelChoosesTheShapeOnlyWhenAsked) {
   wide.tile_n = 256;
   EXPECT_EQ(pick_variant(empty, k, w, wide).variant.tile_n, 256);
 }
+
+// A table entry's standalone GEMM survives the JSON round trip (absent: ours) and reaches the planner's
+// pick unless the request sets one.
+TEST(TuneTable, StandaloneGemmRoundTripsAndIsPicked) {
+  TuneTable t;
+  LayerVariant v{256, 0, 0, 1, StandaloneGemm::grouped_cooperative};
+  t.put(key_for(1, 4096), TuneEntry{v, 1.0});
+  t.put(key_for(1, 16384), TuneEntry{LayerVariant{256, 0, 0, 1}, 2.0});
+  const std::string path = temp_path("standalone.json");
+  t.save(path);
+  const TuneTable back = TuneTable::load(path);
+  ASSERT_NE(back.find(key_for(1, 4096)), nullptr);
+  EXPECT_EQ(back.find(key_for(1, 4096))->variant.standalone_gemm, StandaloneGemm::grouped_cooperative);
+  EXPECT_EQ(back.find(key_for(1, 16384))->variant.standalone_gemm, StandaloneGemm::comet);
+  const LayerWork w = expected_work(MoeShape{4096, 14336, 8, 2, Activation::swiglu}, Parallel{8, 1}, 1, 4096, 256);
+  EXPECT_EQ(pick_variant(back, key_for(1, 4096), w, {}).variant.standalone_gemm, StandaloneGemm::grouped_cooperative);
+  LayerRequest ours;
+  ours.standalone_gemm = StandaloneGemm::comet;
+  EXPECT_EQ(pick_variant(back, key_for(1, 4096), w, ours).variant.standalone_gemm, StandaloneGemm::comet);
+  std::remove(path.c_str());
+}

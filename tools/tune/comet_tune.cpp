@@ -187,6 +187,8 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   std::map<std::string, std::map<std::pair<int, int>, Best>> points;  // key -> (tile_n, n_comm) -> time
   std::map<std::string, std::vector<double>> gemm_rate, link;  // by gpu|link
   std::map<std::string, std::vector<json>> comm_runs;
+  // The standalone GEMMs' runs (comet-bench --standalone-gemms: modes gemm_<name>) by key.
+  std::map<std::string, std::map<StandaloneGemm, double>> standalone;
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
   // A fused record's time at its (tile, n_comm) under key k; a later record replaces an earlier one.
@@ -209,6 +211,14 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     }
     const std::string mode = r.value("mode", "");
     const int sms = sms_of(gpu, a.sms);
+    if (mode.rfind("gemm_", 0) == 0 && mode != "gemm_only") {
+      if (const auto g = standalone_gemm_named(mode.substr(5))) {
+        TuneKey k = key_of(r, sms);
+        k.load = 1;
+        standalone[k.str()][*g] = r.value("median_ms", 1e30);
+      }
+      continue;
+    }
     const std::string model_key = gpu + '|' + lk;
     const int tile_n = r.value("tile_n", 256);
     if (mode == "gemm_only" && layer == "l0")  // --tile-runs records are all of this kind
@@ -246,9 +256,22 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
         const double pad = double((n + t - 1) / t * t) / double((n + 255) / 256 * 256);
         tile_eff[mk][t].push_back(by_tile.at(256).value("median_ms", 0.0) / rt.value("median_ms", 1.0) * pad);
       }
+  // Where the sequential schedule won, its GEMM is the fastest standalone one measured for the case when
+  // that beats ours by kStandaloneGain (less is noise: the sequential point was timed with ours).
+  constexpr double kStandaloneGain = 0.97;
+  for (auto& [s, b] : best) {
+    const auto it = standalone.find(s);
+    if (b.v.n_comm != 0 || it == standalone.end() || !it->second.count(StandaloneGemm::comet)) continue;
+    const double ours = it->second.at(StandaloneGemm::comet);
+    for (const auto& [g, ms] : it->second)
+      if (ms < kStandaloneGain * ours && (b.v.standalone_gemm == StandaloneGemm::comet || ms < it->second.at(b.v.standalone_gemm)))
+        b.v.standalone_gemm = g;
+  }
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});
-    std::printf("  %-78s n_comm %2d  tile %d  %.3f ms\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms);
+    std::printf("  %-78s n_comm %2d  tile %d  %.3f ms%s%s\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms,
+                b.v.standalone_gemm == StandaloneGemm::comet ? "" : "  gemm ", 
+                b.v.standalone_gemm == StandaloneGemm::comet ? "" : to_string(b.v.standalone_gemm));
   }
   if (a.entries_only) return;
   for (const auto& [mk, rates] : gemm_rate) {

@@ -602,12 +602,19 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   if (o_.paired && want_comet && want_cublas) {
     // The GEMMs alone, each against cuBLAS's (the faster path, as its record ran). A complete A and
     // valid hidden rows are still in place from the sweeps' last runs; their values do not matter.
+    // Layer 1's GEMM is the one its tuned launch runs alone (the table's standalone GEMM where it picked
+    // the sequential schedule, else ours).
+    LayerRequest gemm1 = variant(tn, 0);
+    gemm1.standalone_gemm = moe.decision(1, 0, LayerMode::fused, tuned(tuned_tn)).standalone_gemm;
     if (L0)
       retime_gemm_pair(out, case_begin, "l0", {nullptr, [&] { moe.layer0(0, LayerMode::gemm_only, variant(tn, 0)); }},
                        {nullptr, [&] { seq.gemm0(0); }}, flops0, case_rows);
-    if (L1)
-      retime_gemm_pair(out, case_begin, "l1", {nullptr, [&] { moe.layer1(0, LayerMode::gemm_only, variant(tn, 0)); }},
+    if (L1) {
+      retime_gemm_pair(out, case_begin, "l1", {nullptr, [&] { moe.layer1(0, LayerMode::gemm_only, gemm1); }},
                        {nullptr, [&] { seq.gemm1(0); }}, flops1, case_rows);
+      if (Record* g = find_record(out, case_begin, "l1", [](const Record& r) { return r.system == "comet" && r.mode == "gemm_only"; }))
+        g->picked_by = to_string(*gemm1.standalone_gemm);
+    }
     if (!want_seq) line += " | paired";
   }
   if (o_.has_backward()) line += run_backward(in, b0, case_rows, out);

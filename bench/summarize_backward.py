@@ -8,7 +8,9 @@ Records used (comet-bench --layers bwd[,fwd+bwd] --systems comet,sequential,chun
   bwd comet (mode fused, paired) and bwd sequential (paired): timed in rotation, so their ratio does not
   depend on the power-capped H200's clock drift; bwd chunked (best C): in the same rotation where the
   record says paired (comet-bench after bec6493), else timed on its own;
-  wgrad / dgrad comet (gemm_only) and cublas: the backward's GEMMs alone;
+  wgrad / dgrad comet (gemm_only) and cublas: the backward's GEMMs alone (wgrad comet of modes grouped /
+  grouped_cooperative: CUTLASS's grouped GEMMs; the bwd record's picked_by "+wgrad:<kernel>" names the
+  one the backward ran);
   fwd+bwd comet / sequential (paired); bwd comet modes two_pass / fused_act (--fused-activation-grad).
 """
 import json
@@ -62,6 +64,7 @@ def link_table(link, cases):
           "chunked / comet | wgrad TFLOP/s comet (/ grouped ping-pong / grouped cooperative) / cuBLAS | dgrad TFLOP/s comet / cuBLAS | fwd+bwd seq / comet |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     vs_seq, vs_chunked, wgrad, dgrad, fwd_bwd, grouped, chunked_paired = [], [], [], [], [], [], []
+    wgrad_ran = []
     for key in sorted(k for k in cases if k[0] == link):
         rs = cases[key]
         comet = find(rs, "bwd", "comet", "fused", paired=True)
@@ -73,6 +76,11 @@ def link_table(link, cases):
             chunked_paired.append(bool(chunked.get("paired")))
         wc, wb = find(rs, "wgrad", "comet", "gemm_only"), find(rs, "wgrad", "cublas")
         wg = [find(rs, "wgrad", "comet", m) for m in ("grouped", "grouped_cooperative")]
+        # The kernel the backward ran (picked_by "...+wgrad:<kernel>", comet-bench after 0bf5199).
+        ran = comet.get("picked_by", "").partition("+wgrad:")[2]
+        wr = {"persistent": wc, "grouped": wg[0], "grouped_cooperative": wg[1]}.get(ran) or wc
+        if ran:
+            wgrad_ran.append(ratio(wb, wr))
         dc, db = find(rs, "dgrad", "comet", "gemm_only"), find(rs, "dgrad", "cublas")
         fc, fs = find(rs, "fwd+bwd", "comet", "fused", paired=True), find(rs, "fwd+bwd", "sequential", paired=True)
         s, c, f = ratio(seq, comet), ratio(chunked, comet), ratio(fs, fc)
@@ -94,7 +102,9 @@ def link_table(link, cases):
     print(summary_line("backward, sequential / comet (paired)", vs_seq))
     how = "in the same rotation" if chunked_paired and all(chunked_paired) else "chunked timed on its own"
     print(summary_line(f"backward, chunked / comet ({how})", vs_chunked))
-    print(summary_line("weight gradients, cuBLAS time / comet time", wgrad))
+    print(summary_line("weight gradients, cuBLAS time / comet's persistent kernel's time", wgrad))
+    if wgrad_ran:
+        print(summary_line("weight gradients, cuBLAS time / the time of the kernel the backward picked", wgrad_ran))
     print(summary_line("data gradients (GEMMs alone), cuBLAS time / comet time", dgrad))
     print(summary_line("forward + backward, sequential / comet (paired)", fwd_bwd))
     if grouped:

@@ -159,16 +159,19 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     }
     // Its two data-gradient GEMMs with comm off (D = G W1_e with the activation's backward, dA = dPre W0_e),
     // on the picks the backward runs: what the backward's GEMMs cost against cuBLAS's ("dgrad" cublas).
-    const Timing td = time(
-        [&] {
-          forward();
-          moe.stage_grad(0, g0);
-          moe.prepare_grad(0);
-        },
-        [&] {
-          moe.grad_layer1(0, LayerMode::gemm_only, pick);
-          moe.grad_layer0(0, LayerMode::gemm_only, pick);
-        });
+    auto time_dgrad = [&](const LayerRequest& r, bool fused_act) {
+      return time(
+          [&] {
+            forward();
+            moe.stage_grad(0, g0);
+            moe.prepare_grad(0);
+          },
+          [&] {
+            moe.grad_layer1(0, LayerMode::gemm_only, r, fused_act);
+            moe.grad_layer0(0, LayerMode::gemm_only, r);
+          });
+    };
+    const Timing td = time_dgrad(pick, false);
     Record rd = base(in, "dgrad", "comet");
     rd.mode = "gemm_only";
     rd.picked_by = std::string(to_string(moe.decision(2, 0, LayerMode::gemm_only, pick).standalone_gemm)) + "/" +
@@ -180,16 +183,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       if (!o_.standalone_gemms) break;
       LayerRequest r = pick;
       r.standalone_gemm = k;
-      const Timing tk = time(
-          [&] {
-            forward();
-            moe.stage_grad(0, g0);
-            moe.prepare_grad(0);
-          },
-          [&] {
-            moe.grad_layer1(0, LayerMode::gemm_only, r);
-            moe.grad_layer0(0, LayerMode::gemm_only, r);
-          });
+      const Timing tk = time_dgrad(r, false);
       Record rk = base(in, "dgrad", "comet");
       rk.mode = std::string("gemm_") + to_string(k);
       add_record(out, rk, tk, flops_wgrad, false, c);
@@ -197,16 +191,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       note("%.3f", tk.median_ms);
     }
     if (o_.fused_activation_grad) {  // the same with the activation's backward in the epilogue
-      const Timing ta = time(
-          [&] {
-            forward();
-            moe.stage_grad(0, g0);
-            moe.prepare_grad(0);
-          },
-          [&] {
-            moe.grad_layer1(0, LayerMode::gemm_only, pick, true);
-            moe.grad_layer0(0, LayerMode::gemm_only, pick);
-          });
+      const Timing ta = time_dgrad(pick, true);
       rd.picked_by = "fused_act";
       add_record(out, rd, ta, flops_wgrad, false, c);
       note(" | dgrad comet fused_act %.3f", ta.median_ms);

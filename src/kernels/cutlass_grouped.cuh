@@ -5,6 +5,7 @@
 // device from the plan, so the host never waits for the routing.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <utility>
 
@@ -155,6 +156,14 @@ template <class G>
 size_t workspace_bytes(int groups) {
   const GroupArrays<G> g = carve<G>(nullptr, groups);
   return g.bytes + G::Gemm::get_workspace_size(arguments<G>(g, groups, false, kMaxWorkspaceSms));
+}
+
+// The largest workspace of the kernels Gs over `groups` groups, rounded up to 256 bytes: the engine puts
+// workspaces back to back, and CUTLASS's tensor maps in each need 128-byte alignment.
+template <class... Gs>
+size_t max_workspace_bytes(int groups) {
+  const size_t bytes = std::max({workspace_bytes<Gs>(groups)...});
+  return (bytes + 255) / 256 * 256;
 }
 
 // The current device and its multiprocessors.

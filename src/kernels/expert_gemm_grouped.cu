@@ -13,7 +13,6 @@
 // expert_rows on the device. M is an expert's real rows: padding rows of `out` are not written (no
 // reader of these outputs looks at them: the combine reads its units' rows, the activation backward
 // skips padding).
-#include <algorithm>
 #include <type_traits>
 
 #include "kernels/cutlass_grouped.cuh"
@@ -80,11 +79,8 @@ void launch_layout(const ExpertGemmLaunch& l, cudaStream_t stream) {
 size_t expert_gemm_grouped_workspace_bytes(int experts) {
   using Row = cutlass::layout::RowMajor;
   using Col = cutlass::layout::ColumnMajor;
-  const size_t bytes = std::max({grouped::workspace_bytes<ExpertGemm<Row, PingpongSchedule>>(experts),
-                                 grouped::workspace_bytes<ExpertGemm<Row, CooperativeSchedule>>(experts),
-                                 grouped::workspace_bytes<ExpertGemm<Col, PingpongSchedule>>(experts),
-                                 grouped::workspace_bytes<ExpertGemm<Col, CooperativeSchedule>>(experts)});
-  return (bytes + 255) / 256 * 256;
+  return grouped::max_workspace_bytes<ExpertGemm<Row, PingpongSchedule>, ExpertGemm<Row, CooperativeSchedule>,
+                                      ExpertGemm<Col, PingpongSchedule>, ExpertGemm<Col, CooperativeSchedule>>(experts);
 }
 
 void launch_expert_gemm_grouped(const ExpertGemmLaunch& l, cudaStream_t stream) {

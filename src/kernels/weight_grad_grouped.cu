@@ -11,8 +11,6 @@
 // accumulate its gradient is then zeroed by the setup kernel, as the persistent kernel's K of 0 does.
 #include <cuda_bf16.h>
 
-#include <algorithm>
-
 #include "kernels/cutlass_grouped.cuh"
 #include "kernels/fused_layers.hpp"
 
@@ -80,13 +78,9 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
 }  // namespace
 
 size_t weight_grad_grouped_workspace_bytes(int experts) {
-  // A multiple of 256: the engine puts two workspaces back to back, and CUTLASS's tensor maps in each
-  // need 128-byte alignment.
-  const size_t bytes = std::max({grouped::workspace_bytes<GroupedWeightGrad<float, PingpongSchedule>>(experts),
-                                 grouped::workspace_bytes<GroupedWeightGrad<Bf16, PingpongSchedule>>(experts),
-                                 grouped::workspace_bytes<GroupedWeightGrad<float, CooperativeSchedule>>(experts),
-                                 grouped::workspace_bytes<GroupedWeightGrad<Bf16, CooperativeSchedule>>(experts)});
-  return (bytes + 255) / 256 * 256;
+  return grouped::max_workspace_bytes<GroupedWeightGrad<float, PingpongSchedule>, GroupedWeightGrad<Bf16, PingpongSchedule>,
+                                      GroupedWeightGrad<float, CooperativeSchedule>,
+                                      GroupedWeightGrad<Bf16, CooperativeSchedule>>(experts);
 }
 
 void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream) {

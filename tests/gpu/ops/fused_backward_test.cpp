@@ -426,6 +426,29 @@ TEST(FusedBackward, GroupedWeightGradIsThePersistentResult) {
   }
 }
 
+// The sequential schedule's GEMMs from CUTLASS's grouped GEMMs (launches 2 and 3, and the forward's
+// layer 1) give the fused run's gradients bitwise.
+TEST(FusedBackward, StandaloneGemmsGiveTheSameGradients) {
+  const BwdCase fused{"swiglu_ep4", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::zipf, Link::device};
+  Harness a(fused);
+  a.run();
+  const auto want = a.gradients();
+  for (StandaloneGemm g : {StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+    BwdCase c = fused;
+    c.l0 = with_standalone(forced(256, 0), g);
+    c.l1 = with_standalone(forced(256, 0), g);
+    Harness b(c);
+    b.run();
+    const auto got = b.gradients();
+    EXPECT_TRUE(bitwise_equal(got.dw0, want.dw0)) << to_string(g) << ": dW0";
+    EXPECT_TRUE(bitwise_equal(got.dw1, want.dw1)) << to_string(g) << ": dW1";
+    for (size_t r = 0; r < want.dx.size(); ++r) {
+      EXPECT_TRUE(bitwise_equal(got.dx[r], want.dx[r])) << to_string(g) << ": dx of rank " << r;
+      EXPECT_TRUE(bitwise_equal(got.dgates[r], want.dgates[r])) << to_string(g) << ": dgates of rank " << r;
+    }
+  }
+}
+
 // The same gradients, bitwise, whatever the comm blocks, tiles' grouping and repeats.
 TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
   for (bool fused_act : {false, true}) {

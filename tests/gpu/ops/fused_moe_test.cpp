@@ -234,6 +234,25 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
     EXPECT_EQ(0, std::memcmp(fused[r].data(), sequential[r].data(), fused[r].size() * sizeof(float))) << "rank " << r;
 }
 
+// The sequential schedule's layer-1 GEMM from CUTLASS's grouped GEMMs gives our kernel's output bitwise
+// (the same K order in fp32, one rounding to bf16), so the tuner's standalone GEMM never changes a
+// result; partial N (TP 4) and experts without rows included.
+TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
+  for (const Case& c : {Case{"ep4", kSmallSwiglu, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
+                        Case{"tp4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::one_expert, Link::device}}) {
+    Harness h(c);
+    h.run(forced(256, 2), forced(256, 4));
+    const auto fused = h.outputs();
+    for (StandaloneGemm g : {StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+      h.run(forced(256, 0), with_standalone(forced(256, 0), g));
+      const auto got = h.outputs();
+      for (size_t r = 0; r < fused.size(); ++r)
+        EXPECT_EQ(0, std::memcmp(fused[r].data(), got[r].data(), fused[r].size() * sizeof(float)))
+            << c.name << " " << to_string(g) << ": rank " << r;
+    }
+  }
+}
+
 // Adaptive split: with the tuner's n_comm, each fused launch re-picks its comm blocks on the device
 // from the plan's counts. The kernel's pick is the rule of tune/adaptive_split.hpp evaluated here on
 // the host plan, and the outputs equal a forced run's bitwise (n_comm never changes the result).

@@ -123,6 +123,23 @@ GroupArrays<G> carve(void* workspace, int groups) {
   return g;
 }
 
+// Group e of the arrays: its shape, operands and output (also C: beta 1 accumulates into D in place),
+// and the strides every group shares. Called by the setup kernels, one thread per group.
+template <class G>
+__device__ void write_group(const GroupArrays<G>& g, int e, Problem::UnderlyingProblemShape shape, const Bf16* a,
+                            const Bf16* b, typename G::Output* out, const typename G::StrideA& sa,
+                            const typename G::StrideB& sb, const typename G::StrideD& sd) {
+  g.shapes[e] = shape;
+  g.a[e] = a;
+  g.b[e] = b;
+  g.c[e] = out;
+  g.d[e] = out;
+  g.stride_a[e] = sa;
+  g.stride_b[e] = sb;
+  g.stride_c[e] = sd;
+  g.stride_d[e] = sd;
+}
+
 // CUTLASS's arguments for the groups in `g` (beta 1: D += A B, C = D; else D = A B).
 template <class G>
 typename G::Gemm::Arguments arguments(const GroupArrays<G>& g, int groups, bool beta_one, int sms, int device = 0) {

@@ -35,16 +35,10 @@ __global__ void setup_expert_groups(grouped::GroupArrays<G> g, ExpertGemmLaunch 
                                     typename G::StrideB sb, typename G::StrideD sd) {
   for (int e = threadIdx.x; e < l.experts; e += blockDim.x) {
     const int rows = l.expert_rows[e], first = l.expert_offset[e];
-    g.shapes[e] = Problem::UnderlyingProblemShape{rows, l.n, l.k};
-    g.a[e] = static_cast<const Bf16*>(l.a) + size_t(first) * l.k;
-    g.b[e] = static_cast<const Bf16*>(l.w) + size_t(e) * l.k * l.n;
-    Bf16* out = static_cast<Bf16*>(l.out) + size_t(first) * l.n;
-    g.c[e] = out;
-    g.d[e] = out;
-    g.stride_a[e] = sa;
-    g.stride_b[e] = sb;
-    g.stride_c[e] = sd;
-    g.stride_d[e] = sd;
+    grouped::write_group<G>(g, e, Problem::UnderlyingProblemShape{rows, l.n, l.k},
+                            static_cast<const Bf16*>(l.a) + size_t(first) * l.k,
+                            static_cast<const Bf16*>(l.w) + size_t(e) * l.k * l.n,
+                            static_cast<Bf16*>(l.out) + size_t(first) * l.n, sa, sb, sd);
   }
 }
 

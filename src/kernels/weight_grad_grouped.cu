@@ -36,16 +36,10 @@ __global__ void setup_groups(grouped::GroupArrays<G> g, WeightGradLaunch l, type
   if (blockIdx.x == 0) {
     for (int e = threadIdx.x; e < l.experts; e += blockDim.x) {
       const int rows = l.expert_rows[e], first = l.expert_offset[e];
-      g.shapes[e] = Problem::UnderlyingProblemShape{rows > 0 ? M : 0, N, rows};
-      g.a[e] = static_cast<const Bf16*>(l.p) + size_t(first) * M;
-      g.b[e] = static_cast<const Bf16*>(l.q) + size_t(first) * N;
-      Out* out = static_cast<Out*>(l.out) + size_t(e) * M * N;
-      g.c[e] = out;
-      g.d[e] = out;
-      g.stride_a[e] = sa;
-      g.stride_b[e] = sb;
-      g.stride_c[e] = sd;
-      g.stride_d[e] = sd;
+      grouped::write_group<G>(g, e, Problem::UnderlyingProblemShape{rows > 0 ? M : 0, N, rows},
+                              static_cast<const Bf16*>(l.p) + size_t(first) * M,
+                              static_cast<const Bf16*>(l.q) + size_t(first) * N,
+                              static_cast<Out*>(l.out) + size_t(e) * M * N, sa, sb, sd);
     }
     return;
   }

@@ -1,0 +1,60 @@
+"""Sequential / comet ratios of the paired records (timed in rotation) of comet-bench results, per layer:
+median, lowest, and the cases below 1.00 (ratio > 1: comet faster). Also the paired GEMM-alone records,
+cuBLAS time / comet time, for l0 and l1.
+
+    python3 bench/paired_ratios.py RESULTS.json [...] [--layers l0,l1,fwd,bwd,fwd+bwd] [--list]
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def load(paths):
+    recs = []
+    for p in paths:
+        data = json.load(open(p))
+        recs += data if isinstance(data, list) else data["records"]
+    return recs
+
+
+def main(argv):
+    layers = ["l0", "l1", "fwd", "bwd", "fwd+bwd"]
+    show = "--list" in argv
+    paths = []
+    it = iter(a for a in argv if a != "--list")
+    for a in it:
+        if a == "--layers":
+            layers = next(it).split(",")
+        else:
+            paths.append(a)
+    runs, gemms = defaultdict(dict), defaultdict(dict)
+    for r in load(paths):
+        if not r.get("paired"):
+            continue
+        key = (r["model"], r["layout"], r["link"], r["routing"], r["tokens_per_rank"], r["layer"])
+        if r["system"] == "comet" and r.get("mode") == "gemm_only":
+            gemms[key]["comet"] = r["median_ms"]
+        elif r["system"] == "cublas":
+            gemms[key]["cublas"] = r["median_ms"]
+        elif r["system"] == "sequential" or (r["system"] == "comet" and r.get("mode") == "fused"):
+            runs[key][r["system"]] = r["median_ms"]
+    for title, table, num, den in (("sequential / comet", runs, "sequential", "comet"),
+                                   ("GEMM alone, cuBLAS / comet", gemms, "cublas", "comet")):
+        for link in sorted({k[2] for k in table}):
+            for layer in layers:
+                rows = [(k, v[num] / v[den]) for k, v in sorted(table.items())
+                        if k[2] == link and k[5] == layer and num in v and den in v]
+                if not rows:
+                    continue
+                x = [r for _, r in rows]
+                print(f"{title}, {link} link, {layer}: {len(x)} cases, median {statistics.median(x):.3f}, "
+                      f"lowest {min(x):.3f}, below 1.00: {sum(r < 1 for r in x)}, below 0.98: {sum(r < 0.98 for r in x)}")
+                if show:
+                    for k, r in rows:
+                        if r < 1:
+                            print(f"    {k[0]} {k[1]} {k[3]} {k[4]}: {r:.3f}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

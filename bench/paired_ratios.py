@@ -4,18 +4,11 @@ cuBLAS time / comet time, for l0 and l1.
 
     python3 bench/paired_ratios.py RESULTS.json [...] [--layers l0,l1,fwd,bwd,fwd+bwd] [--list]
 """
-import json
 import statistics
 import sys
 from collections import defaultdict
 
-
-def load(paths):
-    recs = []
-    for p in paths:
-        data = json.load(open(p))
-        recs += data if isinstance(data, list) else data["records"]
-    return recs
+from summarize_backward import load  # records of every file, list or {"records": [...]} form
 
 
 def main(argv):

@@ -2,6 +2,7 @@
 // planner decided (LaunchDecision). The tuner's table stores LayerVariant entries.
 #pragma once
 
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -37,12 +38,16 @@ inline const char* to_string(WeightGradKernel k) {
   }
   return "?";
 }
-// The kernel to_string names; nullopt for another name.
-inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::string& name) {
-  for (WeightGradKernel k : {WeightGradKernel::automatic, WeightGradKernel::persistent, WeightGradKernel::grouped,
-                             WeightGradKernel::grouped_cooperative})
-    if (name == to_string(k)) return k;
+// The value among `all` that to_string names `name`; nullopt for another name.
+template <class E>
+std::optional<E> enum_named(const std::string& name, std::initializer_list<E> all) {
+  for (E e : all)
+    if (name == to_string(e)) return e;
   return std::nullopt;
+}
+inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::string& name) {
+  return enum_named(name, {WeightGradKernel::automatic, WeightGradKernel::persistent, WeightGradKernel::grouped,
+                           WeightGradKernel::grouped_cooperative});
 }
 
 // The GEMM of a launch that has no comm blocks beside it (gemm_only mode, or the GEMM launch of the
@@ -56,11 +61,8 @@ enum class StandaloneGemm {
 inline const char* to_string(StandaloneGemm g) {
   return g == StandaloneGemm::grouped ? "grouped" : g == StandaloneGemm::grouped_cooperative ? "grouped_cooperative" : "comet";
 }
-// The GEMM to_string names; nullopt for another name.
 inline std::optional<StandaloneGemm> standalone_gemm_named(const std::string& name) {
-  for (StandaloneGemm g : {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative})
-    if (name == to_string(g)) return g;
-  return std::nullopt;
+  return enum_named(name, {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative});
 }
 
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's

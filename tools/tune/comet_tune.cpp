@@ -262,16 +262,15 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   for (auto& [s, b] : best) {
     const auto it = standalone.find(s);
     if (b.v.n_comm != 0 || it == standalone.end() || !it->second.count(StandaloneGemm::comet)) continue;
-    const double ours = it->second.at(StandaloneGemm::comet);
-    for (const auto& [g, ms] : it->second)
-      if (ms < kStandaloneGain * ours && (b.v.standalone_gemm == StandaloneGemm::comet || ms < it->second.at(b.v.standalone_gemm)))
-        b.v.standalone_gemm = g;
+    const auto fastest = std::min_element(it->second.begin(), it->second.end(),
+                                          [](const auto& x, const auto& y) { return x.second < y.second; });
+    if (fastest->second < kStandaloneGain * it->second.at(StandaloneGemm::comet)) b.v.standalone_gemm = fastest->first;
   }
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});
+    const bool ours = b.v.standalone_gemm == StandaloneGemm::comet;
     std::printf("  %-78s n_comm %2d  tile %d  %.3f ms%s%s\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms,
-                b.v.standalone_gemm == StandaloneGemm::comet ? "" : "  gemm ", 
-                b.v.standalone_gemm == StandaloneGemm::comet ? "" : to_string(b.v.standalone_gemm));
+                ours ? "" : "  gemm ", ours ? "" : to_string(b.v.standalone_gemm));
   }
   if (a.entries_only) return;
   for (const auto& [mk, rates] : gemm_rate) {

@@ -14,6 +14,7 @@
 #include "kernels/epilogue.cuh"
 #include "kernels/fused_layers.hpp"
 #include "kernels/kernel_split.hpp"
+#include "kernels/tail_split.cuh"
 
 namespace comet::kernels {
 
@@ -25,27 +26,65 @@ struct Layer1Params {
   __nv_bfloat16* y;
   Epoch* tile_done;
   KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
+  TailSplitArgs tail;  // slots 0: no tail split
 };
 
 // Work w -> (M-tile, N-block): column groups of n_group blocks, in order (the comm blocks ship column
-// group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major.
+// group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major. That covers
+// the M-tiles below tail.m_cut. The tail split's tiles (tail_split.hpp) run as parts, part-minor, so
+// that a tile's parts run side by side on different blocks: after all other tiles when nothing waits
+// for them (the last wave is where they save time), else at the end of their column group (the comm
+// blocks ship a group's columns once all its tiles are done). Only the order differs: the split
+// tiles and the sums are the same either way.
 struct Layer1Schedule {
   const PlanView& plan;
   int n_blocks;
   int m_group;
   int n_group;
-  __device__ int count() const { return *plan.num_tiles * n_blocks; }
-  __device__ TileCoord at(int w) const {
-    const int m_tiles = *plan.num_tiles;
-    const int group = w / (n_group * m_tiles);
+  int k_tiles;
+  TailSplit tail;
+  bool tail_last;  // the split tiles after every other tile; false: at the end of each column group
+
+  __device__ int count() const { return tail.m_cut * n_blocks + tail.units * tail.splits; }
+
+  // The r-th unsplit tile of column group `group` (chunks of m_group M-tiles below m_cut, N-major).
+  __device__ TileCoord whole_tile(int group, int r) const {
+    const int m_tiles = tail.m_cut;
     const int group_blocks = min(n_group, n_blocks - group * n_group);
-    int r = w - group * n_group * m_tiles;
     const int chunk = r / (m_group * group_blocks);
     const int base = chunk * m_group;
     const int size = min(m_group, m_tiles - base);
     r -= chunk * m_group * group_blocks;
     const int m = base + r % size;
     return TileCoord{m, group * n_group + r / size, plan.tile_expert[m], plan.tile_rows[m]};
+  }
+  // Part `part` of the split tile (m_cut + row, n).
+  __device__ TileCoord split_part(int row, int n, int part) const {
+    const int m = tail.m_cut + row;
+    TileCoord t{m, n, plan.tile_expert[m], plan.tile_rows[m]};
+    t.k_begin = tail_split_k_begin(part, tail.splits, k_tiles);
+    t.k_tiles = tail_split_k_begin(part + 1, tail.splits, k_tiles) - t.k_begin;
+    t.split = part;
+    t.splits = tail.splits;
+    t.slot = row * n_blocks + n;
+    return t;
+  }
+
+  __device__ TileCoord at(int w) const {
+    const int whole = tail.m_cut * n_blocks;
+    if (tail_last) {
+      if (w < whole) return whole_tile(w / (n_group * tail.m_cut), w % (n_group * tail.m_cut));
+      const int j = w - whole, unit = j / tail.splits;
+      return split_part(unit / n_blocks, unit % n_blocks, j % tail.splits);
+    }
+    const int split_rows = tail.units / n_blocks;
+    const int group_size = n_group * (tail.m_cut + split_rows * tail.splits);  // every group but the last
+    const int group = w / group_size;
+    const int group_blocks = min(n_group, n_blocks - group * n_group);
+    const int r = w - group * group_size;
+    if (r < tail.m_cut * group_blocks) return whole_tile(group, r);
+    const int j = r - tail.m_cut * group_blocks, unit = j / tail.splits;
+    return split_part(unit / group_blocks, group * n_group + unit % group_blocks, j % tail.splits);
   }
 };
 
@@ -58,7 +97,8 @@ struct Layer1Hooks {
   __device__ void before_load(const TileCoord&, int) {}
 
   template <class Acc>
-  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread, char* staging) {
+  __device__ void epilogue(Acc& acc, const TileCoord& tile, int mma_thread, char* staging) {
+    if (tile.splits > 1 && !tail_split_reduce(acc, tile, mma_thread, p.tail, Cfg::TileM * Cfg::TileN)) return;
     store_tile<Cfg>(acc, mma_thread, tile, EpilogueOp::none, p.y, p.ext.n, p.ext.n, staging);
     consumer_barrier();  // every consumer thread's stores of this tile are issued
     if (mma_thread == 0) {
@@ -79,7 +119,10 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_c
     return;
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
-  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
+  const int k_tiles = (p.ext.k + Cfg::TileK - 1) / Cfg::TileK;
+  const TailSplit tail = tail_split_rule(*p.combine.plan.num_tiles, n_blocks, k_tiles, p.tail.sms, p.tail.slots);
+  const bool comm_waits = p.split.waits && n_comm > 0;
+  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group, k_tiles, tail, !comm_waits};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

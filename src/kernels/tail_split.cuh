@@ -38,19 +38,41 @@ __device__ bool tail_split_reduce(Acc& acc, const TileCoord& tile, int mma_threa
     }
   }
   if (!dev::named_barrier_or<12, kThreads>(last)) return false;
+  // Sum chunk by chunk: every load of a chunk and part is issued before any is used, so a part costs
+  // one L2 latency per chunk, not one per float4 (a loop of dependent loads made the last part's sum
+  // slower than the part's GEMM).
+  constexpr int kChunk = 8;  // float4s per thread per chunk
+  static_assert((kElems / 4) % kChunk == 0);
   CUTE_UNROLL
-  for (int i = 0; i < kElems; i += 4) {
-    float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int c = 0; c < kElems / 4; c += kChunk) {
+    float4 sum[kChunk];
     for (int part = 0; part < tile.splits; ++part) {
-      const float4 p = part == tile.split ? make_float4(acc(i), acc(i + 1), acc(i + 2), acc(i + 3))
-                                          : __ldcg(part_at(part) + (i / 4) * kThreads);
-      if (part == 0) {
-        sum = p;
+      float4 p[kChunk];
+      if (part == tile.split) {
+        CUTE_UNROLL
+        for (int q = 0; q < kChunk; ++q) {
+          const int i = (c + q) * 4;
+          p[q] = make_float4(acc(i), acc(i + 1), acc(i + 2), acc(i + 3));
+        }
       } else {
-        sum.x += p.x, sum.y += p.y, sum.z += p.z, sum.w += p.w;
+        const float4* src = part_at(part) + c * kThreads;
+        CUTE_UNROLL
+        for (int q = 0; q < kChunk; ++q) p[q] = __ldcg(src + q * kThreads);
+      }
+      CUTE_UNROLL
+      for (int q = 0; q < kChunk; ++q) {
+        if (part == 0) {
+          sum[q] = p[q];
+        } else {
+          sum[q].x += p[q].x, sum[q].y += p[q].y, sum[q].z += p[q].z, sum[q].w += p[q].w;
+        }
       }
     }
-    acc(i) = sum.x, acc(i + 1) = sum.y, acc(i + 2) = sum.z, acc(i + 3) = sum.w;
+    CUTE_UNROLL
+    for (int q = 0; q < kChunk; ++q) {
+      const int i = (c + q) * 4;
+      acc(i) = sum[q].x, acc(i + 1) = sum[q].y, acc(i + 2) = sum[q].z, acc(i + 3) = sum[q].w;
+    }
   }
   return true;
 }

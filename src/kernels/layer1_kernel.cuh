@@ -30,27 +30,30 @@ struct Layer1Params {
 };
 
 // Work w -> (M-tile, N-block): column groups of n_group blocks, in order (the comm blocks ship column
-// group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major. That covers
-// the M-tiles below tail.m_cut. The tail split's tiles (tail_split.hpp) run as parts, part-minor, so
-// that a tile's parts run side by side on different blocks: after all other tiles when nothing waits
-// for them (the last wave is where they save time), else at the end of their column group (the comm
-// blocks ship a group's columns once all its tiles are done). Only the order differs: the split
-// tiles and the sums are the same either way.
+// group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major. With a tail
+// split (tail_split.hpp) that order covers the column blocks below tail.n_cut, and each compute block
+// takes its parts of the split tiles after its whole tiles (TailAssignment): the split columns are
+// the last ones in either case, and only which block runs a part depends on n_comm, never the sums.
 struct Layer1Schedule {
   const PlanView& plan;
+  int m_tiles;
   int n_blocks;
   int m_group;
   int n_group;
   int k_tiles;
   TailSplit tail;
-  bool tail_last;  // the split tiles after every other tile; false: at the end of each column group
+  TailAssignment assign;  // n = the compute blocks
 
-  __device__ int count() const { return tail.m_cut * n_blocks + tail.units * tail.splits; }
+  __device__ int count() const {
+    return tail.splits > 1 ? assign.n * assign.max_items() : m_tiles * n_blocks;
+  }
 
-  // The r-th unsplit tile of column group `group` (chunks of m_group M-tiles below m_cut, N-major).
-  __device__ TileCoord whole_tile(int group, int r) const {
-    const int m_tiles = tail.m_cut;
-    const int group_blocks = min(n_group, n_blocks - group * n_group);
+  // The idx-th whole tile: column groups over the first tail.n_cut column blocks.
+  __device__ TileCoord whole_tile(int idx) const {
+    const int blocks = tail.n_cut;
+    const int group = idx / (n_group * m_tiles);
+    const int group_blocks = min(n_group, blocks - group * n_group);
+    int r = idx - group * n_group * m_tiles;
     const int chunk = r / (m_group * group_blocks);
     const int base = chunk * m_group;
     const int size = min(m_group, m_tiles - base);
@@ -58,33 +61,27 @@ struct Layer1Schedule {
     const int m = base + r % size;
     return TileCoord{m, group * n_group + r / size, plan.tile_expert[m], plan.tile_rows[m]};
   }
-  // Part `part` of the split tile (m_cut + row, n).
-  __device__ TileCoord split_part(int row, int n, int part) const {
-    const int m = tail.m_cut + row;
-    TileCoord t{m, n, plan.tile_expert[m], plan.tile_rows[m]};
+  // The idx-th part: split tile idx / splits (column-major over the split columns), part idx % splits.
+  __device__ TileCoord split_part(int idx) const {
+    const int unit = idx / tail.splits, part = idx % tail.splits;
+    const int m = unit % m_tiles;
+    TileCoord t{m, tail.n_cut + unit / m_tiles, plan.tile_expert[m], plan.tile_rows[m]};
     t.k_begin = tail_split_k_begin(part, tail.splits, k_tiles);
     t.k_tiles = tail_split_k_begin(part + 1, tail.splits, k_tiles) - t.k_begin;
     t.split = part;
     t.splits = tail.splits;
-    t.slot = row * n_blocks + n;
+    t.slot = unit;
     return t;
   }
 
   __device__ TileCoord at(int w) const {
-    const int whole = tail.m_cut * n_blocks;
-    if (tail_last) {
-      if (w < whole) return whole_tile(w / (n_group * tail.m_cut), w % (n_group * tail.m_cut));
-      const int j = w - whole, unit = j / tail.splits;
-      return split_part(unit / n_blocks, unit % n_blocks, j % tail.splits);
-    }
-    const int split_rows = tail.units / n_blocks;
-    const int group_size = n_group * (tail.m_cut + split_rows * tail.splits);  // every group but the last
-    const int group = w / group_size;
-    const int group_blocks = min(n_group, n_blocks - group * n_group);
-    const int r = w - group * group_size;
-    if (r < tail.m_cut * group_blocks) return whole_tile(group, r);
-    const int j = r - tail.m_cut * group_blocks, unit = j / tail.splits;
-    return split_part(unit / group_blocks, group * n_group + unit % group_blocks, j % tail.splits);
+    if (tail.splits == 1) return whole_tile(w);
+    const int item = assign.item(w % assign.n, w / assign.n);
+    if (item >= 0) return whole_tile(item);
+    if (item <= -2) return split_part(-2 - item);
+    TileCoord none{};
+    none.none = true;
+    return none;
   }
 };
 
@@ -120,9 +117,11 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_c
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
   const int k_tiles = (p.ext.k + Cfg::TileK - 1) / Cfg::TileK;
-  const TailSplit tail = tail_split_rule(*p.combine.plan.num_tiles, n_blocks, k_tiles, p.tail.sms, p.tail.slots);
-  const bool comm_waits = p.split.waits && n_comm > 0;
-  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group, k_tiles, tail, !comm_waits};
+  const int m_tiles = *p.combine.plan.num_tiles;
+  const int n_compute = gridDim.x - n_comm;
+  const TailSplit tail = tail_split_rule(m_tiles, n_blocks, k_tiles, p.tail.sms, p.tail.slots);
+  const TailAssignment assign{n_compute, m_tiles * tail.n_cut, tail.units * tail.splits, tail.splits};
+  const Layer1Schedule schedule{p.combine.plan, m_tiles, n_blocks, p.split.m_group, p.split.n_group, k_tiles, tail, assign};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

@@ -259,8 +259,8 @@ TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
 }
 
 // Layer 1's tail split (kernels/tail_split.hpp) on batches the rule splits: every tile (a small batch,
-// 7 uneven parts over 30 K-tiles; TP 2: 3 parts over 15) and the last M-tiles of about 20 behind the whole
-// ones (128-wide tiles, 8 column blocks: about 160 tiles on 132 SMs). The outputs match the reference, and
+// 7 uneven parts over 30 K-tiles; TP 2: 3 parts over 15) and the last column blocks behind whole ones
+// (128-wide tiles, 8 column blocks x about 20 M-tiles on 132 SMs). The outputs match the reference, and
 // are bitwise the same whatever n_comm and groups (the split tiles do not depend on them) and over
 // repeats; with the split off they match the reference too.
 TEST(FusedMoe, TailSplitMatchesTheReferenceWhateverTheCommBlocks) {
@@ -269,7 +269,7 @@ TEST(FusedMoe, TailSplitMatchesTheReferenceWhateverTheCommBlocks) {
   struct TailCase {
     Case c;
     int tile_n;
-    bool whole_tiles;  // the rule leaves some M-tiles unsplit on rank 0
+    bool whole_tiles;  // the rule leaves some column blocks unsplit on rank 0
   };
   for (const TailCase& t : {TailCase{Case{"ep4_all_split", kLongK, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf}, 256, false},
                             TailCase{Case{"ep2tp2_host", kLongK, {2, 2}, {40, 300, 7, 129}, RoutingKind::uniform, Link::host}, 256, false},
@@ -287,7 +287,7 @@ TEST(FusedMoe, TailSplitMatchesTheReferenceWhateverTheCommBlocks) {
     const kernels::TailSplit rule = kernels::tail_split_rule(plan.view().num_tiles[0], n_blocks, k_tiles,
                                                              h.moe.planner().caps().sms, kernels::kTailSplitSlots);
     ASSERT_GE(rule.splits, 2) << plan.view().num_tiles[0] << " M-tiles";
-    EXPECT_EQ(rule.m_cut > 0, t.whole_tiles) << "m_cut " << rule.m_cut;
+    EXPECT_EQ(rule.n_cut > 0, t.whole_tiles) << "n_cut " << rule.n_cut;
     for (int n_comm : {2, 8}) {
       h.run(forced(256, 2), forced(t.tile_n, n_comm, 3, 2));
       const auto got = h.outputs();

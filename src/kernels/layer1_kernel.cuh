@@ -34,23 +34,34 @@ struct Layer1Params {
 // split (tail_split.hpp) that order covers the column blocks below tail.n_cut, and each compute block
 // takes its parts of the split tiles after its whole tiles (TailAssignment): the split columns are
 // the last ones in either case, and only which block runs a part depends on n_comm, never the sums.
+//
+// Every call derives the plan's M-tile count, the split and the assignment again from global memory
+// and the kernel's parameters instead of holding them: held across the tile loop, they pushed the
+// producer warp (40 registers) and the consumers into spills.
 struct Layer1Schedule {
-  const PlanView& plan;
-  int m_tiles;
+  const PlanView& plan;  // the kernel's parameters (param space: no registers)
+  const TailSplitArgs& split_args;
   int n_blocks;
+  int k_tiles;
   int m_group;
   int n_group;
-  int k_tiles;
-  TailSplit tail;
-  TailAssignment assign;  // n = the compute blocks
+  int n_compute;
 
-  __device__ int count() const {
-    return tail.splits > 1 ? assign.n * assign.max_items() : m_tiles * n_blocks;
+  __device__ TailSplit tail(int m_tiles) const {
+    return tail_split_rule(m_tiles, n_blocks, k_tiles, split_args.sms, split_args.slots);
+  }
+  __device__ TailAssignment assignment(int m_tiles, const TailSplit& t) const {
+    return TailAssignment{n_compute, m_tiles * t.n_cut, t.units * t.splits, t.splits};
   }
 
-  // The idx-th whole tile: column groups over the first tail.n_cut column blocks.
-  __device__ TileCoord whole_tile(int idx) const {
-    const int blocks = tail.n_cut;
+  __device__ int count() const {
+    const int m_tiles = *plan.num_tiles;
+    const TailSplit t = tail(m_tiles);
+    return t.splits > 1 ? n_compute * assignment(m_tiles, t).max_items() : m_tiles * n_blocks;
+  }
+
+  // The idx-th whole tile: column groups over the first `blocks` column blocks.
+  __device__ TileCoord whole_tile(int idx, int m_tiles, int blocks) const {
     const int group = idx / (n_group * m_tiles);
     const int group_blocks = min(n_group, blocks - group * n_group);
     int r = idx - group * n_group * m_tiles;
@@ -62,23 +73,25 @@ struct Layer1Schedule {
     return TileCoord{m, group * n_group + r / size, plan.tile_expert[m], plan.tile_rows[m]};
   }
   // The idx-th part: split tile idx / splits (column-major over the split columns), part idx % splits.
-  __device__ TileCoord split_part(int idx) const {
-    const int unit = idx / tail.splits, part = idx % tail.splits;
+  __device__ TileCoord split_part(int idx, int m_tiles, const TailSplit& t) const {
+    const int unit = idx / t.splits, part = idx % t.splits;
     const int m = unit % m_tiles;
-    TileCoord t{m, tail.n_cut + unit / m_tiles, plan.tile_expert[m], plan.tile_rows[m]};
-    t.k_begin = tail_split_k_begin(part, tail.splits, k_tiles);
-    t.k_tiles = tail_split_k_begin(part + 1, tail.splits, k_tiles) - t.k_begin;
-    t.split = part;
-    t.splits = tail.splits;
-    t.slot = unit;
-    return t;
+    TileCoord c{m, t.n_cut + unit / m_tiles, plan.tile_expert[m], plan.tile_rows[m]};
+    c.k_begin = tail_split_k_begin(part, t.splits, k_tiles);
+    c.k_tiles = tail_split_k_begin(part + 1, t.splits, k_tiles) - c.k_begin;
+    c.split = part;
+    c.splits = t.splits;
+    c.slot = unit;
+    return c;
   }
 
   __device__ TileCoord at(int w) const {
-    if (tail.splits == 1) return whole_tile(w);
-    const int item = assign.item(w % assign.n, w / assign.n);
-    if (item >= 0) return whole_tile(item);
-    if (item <= -2) return split_part(-2 - item);
+    const int m_tiles = *plan.num_tiles;
+    const TailSplit t = tail(m_tiles);
+    if (t.splits == 1) return whole_tile(w, m_tiles, n_blocks);
+    const int item = assignment(m_tiles, t).item(w % n_compute, w / n_compute);
+    if (item >= 0) return whole_tile(item, m_tiles, t.n_cut);
+    if (item <= -2) return split_part(-2 - item, m_tiles, t);
     TileCoord none{};
     none.none = true;
     return none;
@@ -117,11 +130,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_c
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
   const int k_tiles = (p.ext.k + Cfg::TileK - 1) / Cfg::TileK;
-  const int m_tiles = *p.combine.plan.num_tiles;
-  const int n_compute = gridDim.x - n_comm;
-  const TailSplit tail = tail_split_rule(m_tiles, n_blocks, k_tiles, p.tail.sms, p.tail.slots);
-  const TailAssignment assign{n_compute, m_tiles * tail.n_cut, tail.units * tail.splits, tail.splits};
-  const Layer1Schedule schedule{p.combine.plan, m_tiles, n_blocks, p.split.m_group, p.split.n_group, k_tiles, tail, assign};
+  const Layer1Schedule schedule{p.combine.plan, p.tail, n_blocks, k_tiles, p.split.m_group, p.split.n_group,
+                                int(gridDim.x) - n_comm};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

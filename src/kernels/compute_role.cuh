@@ -37,7 +37,6 @@ struct TileCoord {
   int split = 0;
   int splits = 1;
   int slot = 0;
-  bool none = false;  // no work at this position of the schedule (both warp roles skip it)
 };
 
 // Problem extents the TMA views are built with.
@@ -87,7 +86,7 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
       for (int w = compute_index; w < n_work; w += n_compute) {
         const TileCoord tile = schedule.at(w);
         const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
-        if (tile.none || tile_k == 0) continue;
+        if (tile_k == 0) continue;
         hooks.before_load(tile, lane);
         auto k_iter = make_coord_iterator(idx2crd(tile.k_begin, shape<3>(gA)), shape<3>(gA));
         const int l = tile.batch >= 0 ? tile.batch : tile.expert;
@@ -117,7 +116,6 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
     typename Cfg::PipelineState read_state;
     for (int w = compute_index; w < n_work; w += n_compute) {
       const TileCoord tile = schedule.at(w);
-      if (tile.none) continue;
       const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
       auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
       if (tile_k == 0) {

@@ -31,13 +31,15 @@ struct Layer1Params {
 
 // Work w -> (M-tile, N-block): column groups of n_group blocks, in order (the comm blocks ship column
 // group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major. With a tail
-// split (tail_split.hpp) that order covers the column blocks below tail.n_cut, and each compute block
-// takes its parts of the split tiles after its whole tiles (TailAssignment): the split columns are
-// the last ones in either case, and only which block runs a part depends on n_comm, never the sums.
+// split (tail_split.hpp) that order covers the column blocks below n_cut, and the parts of the split
+// tiles follow in the same round-robin list, a tile's parts side by side on consecutive blocks: the
+// first parts land on the blocks that have one whole tile fewer. The split columns are the last ones
+// in either case (the comm blocks ship them last), and only which block runs a part depends on
+// n_comm, never the sums.
 //
-// Every call derives the plan's M-tile count, the split and the assignment again from global memory
-// and the kernel's parameters instead of holding them: held across the tile loop, they pushed the
-// producer warp (40 registers) and the consumers into spills.
+// Every call derives the plan's M-tile count and the split again from global memory and the kernel's
+// parameters instead of holding them: held across the tile loop, they pushed the producer warp (40
+// registers) and the consumers into spills.
 struct Layer1Schedule {
   const PlanView& plan;  // the kernel's parameters (param space: no registers)
   const TailSplitArgs& split_args;
@@ -45,19 +47,15 @@ struct Layer1Schedule {
   int k_tiles;
   int m_group;
   int n_group;
-  int n_compute;
 
   __device__ TailSplit tail(int m_tiles) const {
     return tail_split_rule(m_tiles, n_blocks, k_tiles, split_args.sms, split_args.slots);
-  }
-  __device__ TailAssignment assignment(int m_tiles, const TailSplit& t) const {
-    return TailAssignment{n_compute, m_tiles * t.n_cut, t.units * t.splits, t.splits};
   }
 
   __device__ int count() const {
     const int m_tiles = *plan.num_tiles;
     const TailSplit t = tail(m_tiles);
-    return t.splits > 1 ? n_compute * assignment(m_tiles, t).max_items() : m_tiles * n_blocks;
+    return m_tiles * t.n_cut + t.units * t.splits;
   }
 
   // The idx-th whole tile: column groups over the first `blocks` column blocks.
@@ -88,13 +86,8 @@ struct Layer1Schedule {
   __device__ TileCoord at(int w) const {
     const int m_tiles = *plan.num_tiles;
     const TailSplit t = tail(m_tiles);
-    if (t.splits == 1) return whole_tile(w, m_tiles, n_blocks);
-    const int item = assignment(m_tiles, t).item(w % n_compute, w / n_compute);
-    if (item >= 0) return whole_tile(item, m_tiles, t.n_cut);
-    if (item <= -2) return split_part(-2 - item, m_tiles, t);
-    TileCoord none{};
-    none.none = true;
-    return none;
+    const int whole = m_tiles * t.n_cut;
+    return w < whole ? whole_tile(w, m_tiles, t.n_cut) : split_part(w - whole, m_tiles, t);
   }
 };
 
@@ -130,8 +123,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_c
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
   const int k_tiles = (p.ext.k + Cfg::TileK - 1) / Cfg::TileK;
-  const Layer1Schedule schedule{p.combine.plan, p.tail, n_blocks, k_tiles, p.split.m_group, p.split.n_group,
-                                int(gridDim.x) - n_comm};
+  const Layer1Schedule schedule{p.combine.plan, p.tail, n_blocks, k_tiles, p.split.m_group, p.split.n_group};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

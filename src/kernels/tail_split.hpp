@@ -62,50 +62,6 @@ COMET_HD inline TailSplit tail_split_rule(int m_tiles, int n_blocks, int k_tiles
   return TailSplit{n_blocks - cols, units, splits};
 }
 
-// Which compute block runs what, when the tail is split: block c of n first takes the whole tiles c,
-// c + n, ... (as without a split), then parts. The parts go first to the blocks with one whole tile
-// fewer (up to `splits` parts each, i.e. about one tile's work), then round the grid: so a split never
-// lengthens the longest block, also when comm blocks leave fewer compute blocks than the rule's wave.
-struct TailAssignment {
-  int n;       // compute blocks
-  int whole;   // whole tiles
-  int parts;   // split tiles x splits
-  int splits;
-  COMET_HD int rem() const { return whole % n; }          // blocks [0, rem) have one whole tile more
-  COMET_HD int slack() const { return rem() == 0 ? n : n - rem(); }  // blocks with a free slot
-  COMET_HD int first_slack() const { return rem(); }
-  COMET_HD int phase_a() const {  // parts dealt over the slack blocks, round-robin
-    const long long cap = (long long)slack() * splits;
-    return parts < cap ? parts : int(cap);
-  }
-  COMET_HD int whole_of(int c) const { return whole / n + (c < rem() ? 1 : 0); }
-  COMET_HD int phase_a_of(int c) const {
-    const int s = c - first_slack();
-    const int a = phase_a();
-    return s < 0 || s >= a ? 0 : (a - s + slack() - 1) / slack();
-  }
-  COMET_HD int phase_b_of(int c) const {  // the rest, round-robin over all blocks from block 0
-    const int b = parts - phase_a();
-    return c >= b ? 0 : (b - c + n - 1) / n;
-  }
-  COMET_HD int items_of(int c) const { return whole_of(c) + phase_a_of(c) + phase_b_of(c); }
-  COMET_HD int max_items() const {
-    const int a = items_of(0), b = items_of(first_slack() < n ? first_slack() : 0);
-    return a > b ? a : b;
-  }
-  // Item i of block c: a whole tile's index (>= 0), a part's index encoded as -2 - part, or -1: none.
-  COMET_HD int item(int c, int i) const {
-    const int w = whole_of(c);
-    if (i < w) return c + i * n;
-    i -= w;
-    const int a = phase_a_of(c);
-    if (i < a) return -2 - ((c - first_slack()) + i * slack());
-    i -= a;
-    if (i < phase_b_of(c)) return -2 - (phase_a() + c + i * n);
-    return -1;
-  }
-};
-
 // K-tiles [begin, end) of part p of `splits` over k_tiles.
 COMET_HD inline int tail_split_k_begin(int part, int splits, int k_tiles) { return int((long long)part * k_tiles / splits); }
 

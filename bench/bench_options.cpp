@@ -43,8 +43,6 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            planner's rule), persistent, grouped or grouped_cooperative (default: auto);
                            either way "wgrad comet" records time each: the persistent kernel (mode
                            gemm_only) and CUTLASS's grouped GEMMs (modes grouped, grouped_cooperative)
-  --no-tail-split          layer 1's kernel never splits its last wave along K (MoeOptions::tail_split
-                           off; comet's records then carry "tail_split": false)
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
@@ -200,8 +198,6 @@ BenchOptions parse_options(int argc, char** argv) {
       o.adaptive = true;
     } else if (a == "--no-adaptive") {
       o.adaptive = false;
-    } else if (a == "--no-tail-split") {
-      o.tail_split = false;
     } else if (a == "--fused-activation-grad") {
       o.fused_activation_grad = true;
     } else if (a == "--standalone-gemms") {

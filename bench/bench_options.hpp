@@ -22,7 +22,6 @@ struct BenchOptions {
   bool fused_activation_grad = false;  // also time comet's backward with BackwardOptions::fused_activation
   bool standalone_gemms = false;  // records of every standalone GEMM (StandaloneGemm) of layers 1-3
   WeightGradKernel wgrad_kernel = WeightGradKernel::automatic;  // BackwardOptions::weight_grad_kernel of comet's backward
-  bool tail_split = true;  // MoeOptions::tail_split (--no-tail-split: off)
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
   std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)

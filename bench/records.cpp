@@ -107,7 +107,6 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     o.optional("other_path_ms", r.other_path_ms);
     if (r.best) o.raw("best", "true");
     if (r.tuned) o.raw("tuned", "true");
-    if (r.no_tail_split) o.raw("tail_split", "false");
     if (r.paired) o.raw("paired", "true");
     if (!r.picked_by.empty()) o.str("picked_by", r.picked_by);
     o.integer("tile_n", r.tile_n);

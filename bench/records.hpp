@@ -41,7 +41,6 @@ struct Record {
   bool best = false;                          // comet fused: the best n_comm of its sweep
   bool tuned = false;                         // comet fused: the tuner's pick (n_comm < 0 resolved)
   bool paired = false;                        // timed in rotation with its counterpart (--paired)
-  bool no_tail_split = false;                 // comet ran with MoeOptions::tail_split off (--no-tail-split)
   std::string picked_by;                      // tuned: "table" or "cost_model" (fwd, bwd: layer 0 / layer 1)
   int tile_n = 0;
   int samples = 0;

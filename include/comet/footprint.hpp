@@ -38,8 +38,7 @@ struct LayerFootprint {
   size_t self_partial = 0;  // [T][H] bf16: the rank's own pre-summed output rows
   size_t flags = 0;         // tile flags and the adaptive split's picks
   size_t plan = 0;          // the routing plan and its device builder's scratch
-  size_t workspaces = 0;    // CUTLASS's grouped GEMMs: the standalone expert GEMM's; layer 1's tail
-                            // split's fp32 partial tiles (kernels/tail_split.hpp); training: and the
+  size_t workspaces = 0;    // CUTLASS's grouped GEMMs: the standalone expert GEMM's; training: and the
                             // two weight-gradient launches' (dW1 and dW0 may overlap)
   size_t training = 0;      // pre-activations [rows][N0_s], output gradients [rows][H], gate partials
                             // [rows][gate_partial_columns] fp32, and D [rows][F/tp] where F/tp > H

@@ -53,11 +53,6 @@ struct MoeOptions {
   // the tile shape is then chosen from the layer's shape alone, never per token bucket from the table.
   // Results are already independent of n_comm, groups, repeats and the other tokens' routing.
   bool batch_invariant = false;
-  // Layer 1's kernel (and the backward's launch 3) may cut the tiles of its last, mostly idle wave
-  // along K and sum the parts in a fixed order (kernels/tail_split.hpp): deterministic and independent
-  // of n_comm, but a split tile's bits differ from an unsplit one's, so the result then also depends on
-  // the M-tile count and on the tuner's tile width and standalone GEMM. Off under batch_invariant.
-  bool tail_split = true;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),

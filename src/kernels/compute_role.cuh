@@ -33,10 +33,6 @@ struct TileCoord {
   int k_begin = 0;   // first K-tile
   int k_tiles = -1;  // K-tiles; -1: all of ext.k; 0: the tile's product is zero (no loads)
   int batch = -1;    // L index of the loads; -1: expert
-  // Layer 1's tail split (tail_split.hpp): part `split` of `splits` over K of split tile `slot`.
-  int split = 0;
-  int splits = 1;
-  int slot = 0;
 };
 
 // Problem extents the TMA views are built with.

@@ -139,8 +139,7 @@ void launch_layer0_fp8_for(const Layer0Launch& l, cudaStream_t stream) {
 // Layer 1's kernel: y = A B_e with A [rows_cap][k], B [experts] x (H, k), + the combine of y.
 template <class Cfg>
 void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int rows_cap, void* y, Epoch* tile_done,
-                          const CombineArgs& combine, const GridSplit& split, const TailSplitArgs& tail,
-                          cudaStream_t stream) {
+                          const CombineArgs& combine, const GridSplit& split, cudaStream_t stream) {
   const LaunchLimits lim = layer1_limits_for<Cfg>();
   Layer1Params<Cfg> p{};
   p.ext = GemmExtents{rows_cap, combine.hidden, k, experts};
@@ -149,11 +148,6 @@ void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int 
   p.y = static_cast<__nv_bfloat16*>(y);
   p.tile_done = tile_done;
   p.split = kernel_split(split, lim, Cfg::kSharedBytes);
-  // The rule's wave width is the grid's resident blocks, not the compute blocks: the split tiles must
-  // not depend on n_comm.
-  p.tail = tail;
-  p.tail.slots = tail.partials && tail.arrivals ? kTailSplitSlots : 0;
-  p.tail.sms = lim.max_blocks;
   const std::string why = layer1_can_implement<Cfg>(combine.topk, k, experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
@@ -165,7 +159,7 @@ void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int 
 template <class Cfg>
 void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
   launch_layer1_kernel<Cfg>(l.hid, l.ffn_shard, l.w1, l.experts, l.rows_cap, l.y, l.tile_done, l.combine, l.split,
-                            l.tail, stream);
+                            stream);
 }
 
 template <int TileN>
@@ -236,7 +230,7 @@ LaunchLimits grad_layer0_limits_tile() {
 template <int TileN>
 void launch_grad_layer0_tile(const GradLayer0Launch& l, cudaStream_t stream) {
   launch_layer1_kernel<GradConfig<TileN>>(l.dpre, l.n0, l.w0, l.experts, l.rows_cap, l.y, l.tile_done, l.combine,
-                                          l.split, l.tail, stream);
+                                          l.split, stream);
 }
 
 }  // namespace comet::kernels

@@ -10,7 +10,6 @@
 #include "comet/variant.hpp"
 #include "tune/adaptive_split.hpp"
 #include "kernels/layer_args.hpp"
-#include "kernels/tail_split.hpp"
 
 namespace comet::kernels {
 
@@ -79,7 +78,6 @@ struct Layer1Launch {
   Epoch* tile_done = nullptr;
   CombineArgs combine;  // combine.y == y
   GridSplit split;
-  TailSplitArgs tail;   // partials null: no tail split (the launcher fills slots and sms)
 };
 
 // Backward of layer 1 (layer 0's kernel): the comm blocks pull output-gradient rows into G
@@ -120,7 +118,6 @@ struct GradLayer0Launch {
   Epoch* tile_done = nullptr;
   CombineArgs combine;
   GridSplit split;
-  TailSplitArgs tail;  // as Layer1Launch's
 };
 
 // Weight gradient of every local expert: out_e = P_e^T Q_e over the expert's rows of two gathered

@@ -14,7 +14,6 @@
 #include "kernels/epilogue.cuh"
 #include "kernels/fused_layers.hpp"
 #include "kernels/kernel_split.hpp"
-#include "kernels/tail_split.cuh"
 
 namespace comet::kernels {
 
@@ -26,68 +25,27 @@ struct Layer1Params {
   __nv_bfloat16* y;
   Epoch* tile_done;
   KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
-  TailSplitArgs tail;  // slots 0: no tail split
 };
 
 // Work w -> (M-tile, N-block): column groups of n_group blocks, in order (the comm blocks ship column
-// group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major. With a tail
-// split (tail_split.hpp) that order covers the column blocks below n_cut, and the parts of the split
-// tiles follow in the same round-robin list, a tile's parts side by side on consecutive blocks: the
-// first parts land on the blocks that have one whole tile fewer. The split columns are the last ones
-// in either case (the comm blocks ship them last), and only which block runs a part depends on
-// n_comm, never the sums.
-//
-// Every call derives the plan's M-tile count and the split again from global memory and the kernel's
-// parameters instead of holding them: held across the tile loop, they pushed the producer warp (40
-// registers) and the consumers into spills.
+// group g while group g+1 computes); inside a group, chunks of m_group M-tiles, N-major.
 struct Layer1Schedule {
-  const PlanView& plan;  // the kernel's parameters (param space: no registers)
-  const TailSplitArgs& split_args;
+  const PlanView& plan;
   int n_blocks;
-  int k_tiles;
   int m_group;
   int n_group;
-
-  __device__ TailSplit tail(int m_tiles) const {
-    return tail_split_rule(m_tiles, n_blocks, k_tiles, split_args.sms, split_args.slots);
-  }
-
-  __device__ int count() const {
+  __device__ int count() const { return *plan.num_tiles * n_blocks; }
+  __device__ TileCoord at(int w) const {
     const int m_tiles = *plan.num_tiles;
-    const TailSplit t = tail(m_tiles);
-    return m_tiles * t.n_cut + t.units * t.splits;
-  }
-
-  // The idx-th whole tile: column groups over the first `blocks` column blocks.
-  __device__ TileCoord whole_tile(int idx, int m_tiles, int blocks) const {
-    const int group = idx / (n_group * m_tiles);
-    const int group_blocks = min(n_group, blocks - group * n_group);
-    int r = idx - group * n_group * m_tiles;
+    const int group = w / (n_group * m_tiles);
+    const int group_blocks = min(n_group, n_blocks - group * n_group);
+    int r = w - group * n_group * m_tiles;
     const int chunk = r / (m_group * group_blocks);
     const int base = chunk * m_group;
     const int size = min(m_group, m_tiles - base);
     r -= chunk * m_group * group_blocks;
     const int m = base + r % size;
     return TileCoord{m, group * n_group + r / size, plan.tile_expert[m], plan.tile_rows[m]};
-  }
-  // The idx-th part: split tile idx / splits (column-major over the split columns), part idx % splits.
-  __device__ TileCoord split_part(int idx, int m_tiles, const TailSplit& t) const {
-    const int unit = idx / t.splits, part = idx % t.splits;
-    const int m = unit % m_tiles;
-    TileCoord c{m, t.n_cut + unit / m_tiles, plan.tile_expert[m], plan.tile_rows[m]};
-    c.k_begin = tail_split_k_begin(part, t.splits, k_tiles);
-    c.k_tiles = tail_split_k_begin(part + 1, t.splits, k_tiles) - c.k_begin;
-    c.split = part;
-    c.splits = t.splits;
-    c.slot = unit;
-    return c;
-  }
-
-  __device__ TileCoord at(int w) const {
-    const int m_tiles = *plan.num_tiles;
-    const TailSplit t = tail(m_tiles);
-    const int whole = m_tiles * t.n_cut;
-    return w < whole ? whole_tile(w, m_tiles, t.n_cut) : split_part(w - whole, m_tiles, t);
   }
 };
 
@@ -100,8 +58,7 @@ struct Layer1Hooks {
   __device__ void before_load(const TileCoord&, int) {}
 
   template <class Acc>
-  __device__ void epilogue(Acc& acc, const TileCoord& tile, int mma_thread, char* staging) {
-    if (tile.splits > 1 && !tail_split_reduce(acc, tile, mma_thread, p.tail, Cfg::TileM * Cfg::TileN)) return;
+  __device__ void epilogue(const Acc& acc, const TileCoord& tile, int mma_thread, char* staging) {
     store_tile<Cfg>(acc, mma_thread, tile, EpilogueOp::none, p.y, p.ext.n, p.ext.n, staging);
     consumer_barrier();  // every consumer thread's stores of this tile are issued
     if (mma_thread == 0) {
@@ -122,8 +79,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_c
     return;
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
-  const int k_tiles = (p.ext.k + Cfg::TileK - 1) / Cfg::TileK;
-  const Layer1Schedule schedule{p.combine.plan, p.tail, n_blocks, k_tiles, p.split.m_group, p.split.n_group};
+  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

@@ -81,7 +81,6 @@ LayerFootprint layer_footprint(const MoeShape& shape, const Parallel& par, const
                  (fs <= H ? 0 : alloc_size(rows * fs * 2));
   }
   f.workspaces = alloc_size(kernels::expert_gemm_grouped_workspace_bytes(par.local_experts(shape))) +
-                 alloc_size(kernels::tail_split_workspace_bytes()) +
                  (training ? alloc_size(2 * kernels::weight_grad_grouped_workspace_bytes(par.local_experts(shape))) : 0);
   const size_t x_row = dtype == DType::e4m3 ? size_t(fp8::record_bytes(shape.hidden)) : H * 2;
   f.symmetric = T * x_row + RoutingBufferLayout{cap.max_tokens_per_rank, shape.topk}.bytes() + W * T * H * 2 + W * 4 +

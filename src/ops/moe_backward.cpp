@@ -223,7 +223,6 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   check_units(units, mode, "backward of layer 0");
   l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/true);
   l.split = grid_split(s, planned, mode, 3);
-  l.tail = tail_split_args(s);
   auto launch = [&](const auto& x) { kernels::launch_grad_layer0(x, s.stream); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
     if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);

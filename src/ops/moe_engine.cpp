@@ -146,7 +146,6 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, kLaunchLayers * 4));
       s->gemm_workspace_bytes = kernels::expert_gemm_grouped_workspace_bytes(par_.local_experts(shape_));
       s->gemm_workspace = alloc(*s, s->gemm_workspace_bytes);
-      s->tail_partials = static_cast<float*>(alloc(*s, kernels::tail_split_workspace_bytes()));
     }
     if (s->computes && options_.training) {
       int least = 0, greatest = 0;
@@ -426,21 +425,11 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   l.tile_done = s.sync.tile_done;
   l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/false);
   l.split = grid_split(s, planned, mode, 1);
-  l.tail = tail_split_args(s);
   auto launch = [&](const auto& x) { kernels::launch_layer1(x, s.stream); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
     if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
     grouped_expert_gemm(s, d.standalone_gemm, l.hid, l.ffn_shard, l.w1, /*w_kn=*/false, H, l.y);  // Y = h W1_e^T
   });
-}
-
-kernels::TailSplitArgs MoeEngine::tail_split_args(const RankState& s) const {
-  kernels::TailSplitArgs t;
-  if (options_.tail_split && !options_.batch_invariant) {
-    t.partials = s.tail_partials;
-    t.arrivals = s.sync.tail_arrivals;
-  }
-  return t;
 }
 
 void MoeEngine::grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w,

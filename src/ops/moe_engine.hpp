@@ -172,8 +172,6 @@ class MoeEngine {
   const PlannedLaunch& grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const;
   // The grid split of a launch of `layer` on a rank, from the planner's decision.
   kernels::GridSplit grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode, int layer) const;
-  // Layer 1's kernel's tail split (MoeOptions::tail_split, never under batch_invariant).
-  kernels::TailSplitArgs tail_split_args(const RankState& s) const;
   // A standalone expert GEMM (LaunchDecision::standalone_gemm, not comet) on the rank's stream: out rows
   // of expert e = its rows of A [rows][k] times W_e ([k][n] if w_kn, else [n][k]).
   void grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w, bool w_kn,

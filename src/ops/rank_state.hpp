@@ -42,7 +42,6 @@ struct MoeEngine::RankState {
   void* d_rows = nullptr;         // [rows_cap][F_s] D = G W1_e of the backward of layer 1 (Y when F_s <= H)
   void* gemm_workspace = nullptr;  // the standalone expert GEMM's (CUTLASS's grouped GEMM, on `stream`)
   size_t gemm_workspace_bytes = 0;
-  float* tail_partials = nullptr;  // layer 1's tail split: kernels::tail_split_workspace_bytes()
   void* wgrad_workspace = nullptr;  // two grouped weight-gradient launches' workspaces (dW1, dW0)
   size_t wgrad_workspace_bytes = 0;  // of each
   bool saved = false;             // the last forward kept its activations and no backward used them yet
@@ -68,7 +67,7 @@ struct MoeEngine::RankState {
     owned.clear();
     plan = DevicePlan();
     a = hid = hid_call = y = self_partial = pre = grad_rows = d_rows = wgrad_workspace = gemm_workspace = nullptr;
-    gate_partials = tail_partials = nullptr;
+    gate_partials = nullptr;
     chosen_n_comm = nullptr;
     sync = kernels::LayerSync{};
     private_bytes = 0;

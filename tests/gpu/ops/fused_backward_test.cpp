@@ -38,7 +38,6 @@ struct BwdCase {
   int hot = 0;
   bool fused_act = false;  // BackwardOptions::fused_activation
   WeightGradKernel wgrad = WeightGradKernel::persistent;  // BackwardOptions::weight_grad_kernel
-  bool tail_split = true;  // MoeOptions::tail_split
 };
 
 // The same case with the weight gradients from one of CUTLASS's grouped GEMMs (ping-pong by default).
@@ -99,7 +98,6 @@ struct Harness {
     o.layer0 = c.l0;
     o.layer1 = c.l1;
     o.training = true;
-    o.tail_split = c.tail_split;
     return o;
   }
 
@@ -429,10 +427,9 @@ TEST(FusedBackward, GroupedWeightGradIsThePersistentResult) {
 }
 
 // The sequential schedule's GEMMs from CUTLASS's grouped GEMMs (launches 2 and 3, and the forward's
-// layer 1) give the fused run's gradients bitwise (without the tail split, which they do not have).
+// layer 1) give the fused run's gradients bitwise.
 TEST(FusedBackward, StandaloneGemmsGiveTheSameGradients) {
-  BwdCase fused{"swiglu_ep4", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::zipf, Link::device};
-  fused.tail_split = false;
+  const BwdCase fused{"swiglu_ep4", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::zipf, Link::device};
   Harness a(fused);
   a.run();
   const auto want = a.gradients();

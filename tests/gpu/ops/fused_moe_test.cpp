@@ -12,7 +12,6 @@
 #include "comet/bf16.hpp"
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
-#include "kernels/tail_split.hpp"
 #include "tune/adaptive_split.hpp"
 #include "support/layer_checks.hpp"
 #include "support/test_shapes.hpp"
@@ -33,7 +32,6 @@ struct Case {
   LayerRequest l0 = forced(256, 2);
   LayerRequest l1 = forced(256, 4);
   int hot = 0;
-  bool tail_split = true;  // MoeOptions::tail_split
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -44,7 +42,6 @@ MoeOptions options_of(const Case& c, const std::string& tune_table = "") {
   o.layer0 = c.l0;
   o.layer1 = c.l1;
   o.tune_table = tune_table;
-  o.tail_split = c.tail_split;
   return o;
 }
 
@@ -239,12 +236,10 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
 
 // The sequential schedule's layer-1 GEMM from CUTLASS's grouped GEMMs gives our kernel's output bitwise
 // (the same K order in fp32, one rounding to bf16), so the tuner's standalone GEMM never changes a
-// result; partial N (TP 4) and experts without rows included. Without the tail split: a split tile
-// sums K in parts (kernels/tail_split.hpp), which CUTLASS's kernels never do.
+// result; partial N (TP 4) and experts without rows included.
 TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
-  for (Case c : {Case{"ep4", kSmallSwiglu, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
-                 Case{"tp4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::one_expert, Link::device}}) {
-    c.tail_split = false;
+  for (const Case& c : {Case{"ep4", kSmallSwiglu, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
+                        Case{"tp4_gelu", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::one_expert, Link::device}}) {
     Harness h(c);
     h.run(forced(256, 2), forced(256, 4));
     const auto fused = h.outputs();
@@ -256,52 +251,6 @@ TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
             << c.name << " " << to_string(g) << ": rank " << r;
     }
   }
-}
-
-// Layer 1's tail split (kernels/tail_split.hpp) on batches the rule splits: every tile (a small batch,
-// 7 uneven parts over 30 K-tiles; TP 2: 3 parts over 15) and the last column blocks behind whole ones
-// (128-wide tiles, 8 column blocks x about 20 M-tiles on 132 SMs). The outputs match the reference, and
-// are bitwise the same whatever n_comm and groups (the split tiles do not depend on them) and over
-// repeats; with the split off they match the reference too.
-TEST(FusedMoe, TailSplitMatchesTheReferenceWhateverTheCommBlocks) {
-  const MoeShape kLongK{256, 1920, 8, 2, Activation::swiglu};   // layer 1: K = 1920 (30 K-tiles)
-  const MoeShape kWide{1024, 1024, 4, 2, Activation::swiglu};   // layer 1: 8 blocks of 128, 16 K-tiles
-  struct TailCase {
-    Case c;
-    int tile_n;
-    bool whole_tiles;  // the rule leaves some column blocks unsplit on rank 0
-  };
-  for (const TailCase& t : {TailCase{Case{"ep4_all_split", kLongK, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf}, 256, false},
-                            TailCase{Case{"ep2tp2_host", kLongK, {2, 2}, {40, 300, 7, 129}, RoutingKind::uniform, Link::host}, 256, false},
-                            TailCase{Case{"ep2_tail_of_20", kWide, {2, 1}, {1200, 1300}}, 128, true}}) {
-    SCOPED_TRACE(t.c.name);
-    Harness h(t.c);
-    h.run(forced(256, 0), forced(t.tile_n, 0));
-    const auto first = h.outputs();
-    check_outputs(h, first);
-    check_layers(h);
-    // The rule, on rank 0's plan, splits this batch (else the test would not test it).
-    const HostPlan plan = h.moe.plan(0).to_host(h.team.stream(0));
-    const int n_blocks = (t.c.shape.hidden + t.tile_n - 1) / t.tile_n;
-    const int k_tiles = (t.c.par.ffn_shard(t.c.shape) + 63) / 64;
-    const kernels::TailSplit rule = kernels::tail_split_rule(plan.view().num_tiles[0], n_blocks, k_tiles,
-                                                             h.moe.planner().caps().sms, kernels::kTailSplitSlots);
-    ASSERT_GE(rule.splits, 2) << plan.view().num_tiles[0] << " M-tiles";
-    EXPECT_EQ(rule.n_cut > 0, t.whole_tiles) << "n_cut " << rule.n_cut;
-    for (int n_comm : {2, 8}) {
-      h.run(forced(256, 2), forced(t.tile_n, n_comm, 3, 2));
-      const auto got = h.outputs();
-      for (size_t r = 0; r < got.size(); ++r)
-        EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "n_comm " << n_comm << " rank " << r;
-    }
-    h.run(forced(256, 0), forced(t.tile_n, 0));
-    EXPECT_EQ(0, std::memcmp(h.outputs()[0].data(), first[0].data(), first[0].size() * 4)) << "repeat";
-  }
-  Case off{"ep4_split_off", kLongK, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf};
-  off.tail_split = false;
-  Harness h(off);
-  h.run(forced(256, 0), forced(256, 2));
-  check_outputs(h, h.outputs());
 }
 
 // Adaptive split: with the tuner's n_comm, each fused launch re-picks its comm blocks on the device

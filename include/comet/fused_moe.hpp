@@ -40,8 +40,8 @@ struct DeviceAllocator {
 
 struct MoeOptions {
   // What to force in each layer's launches; every field left empty is the tuner's choice. The backward
-  // follows them (its layer-1 backward runs layer 0's kernel, and the reverse), except a layer-0 tile
-  // of 192, which only the forward has.
+  // follows them (its layer-1 backward runs layer 0's kernel, and the reverse), except a tile of 192,
+  // which only the forward's kernels have.
   LayerRequest layer0;
   LayerRequest layer1;
   // Fused launches whose n_comm the tuner picked re-pick it on the device from the plan's row and unit

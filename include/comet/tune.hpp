@@ -99,6 +99,7 @@ struct CostModel {
   // T_gemm of a tile shape relative to 128x256 tiles (1 for 256).
   double tile_factor(const LayerWork& w, int tile_n) const;
   // The compiled tile shape (128, 256, and 192 in layer 0) with the smallest T_gemm; the widest among equals.
+  // Layer 1's 192-wide tile is the table's alone: its gain is the last wave's (the model has no waves).
   int best_tile_n(const LayerWork& w) const;
 
   static CostModel defaults(Link link);

@@ -68,7 +68,7 @@ inline std::optional<StandaloneGemm> standalone_gemm_named(const std::string& na
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's
 // table, else its cost model, and the rasterisation rule); a field that is set is obeyed (and checked).
 struct LayerRequest {
-  std::optional<int> tile_n;   // compiled GEMM tile 128 x tile_n: 128 or 256, and 192 in layer 0
+  std::optional<int> tile_n;   // compiled GEMM tile 128 x tile_n: 128 or 256, and 192 in the forward's layers
   std::optional<int> n_comm;   // comm blocks; 0: the sequential schedule (below)
   std::optional<int> m_group;  // M-tiles per rasterisation group, >= 1
   std::optional<int> n_group;  // layer 1: column blocks shipped together, >= 1

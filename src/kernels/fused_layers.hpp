@@ -16,11 +16,12 @@ namespace comet::kernels {
 using Mode = LayerMode;
 
 // Compiled GEMM tile shapes: TileM is always 128 (the plan's tile_m); the widths below, one
-// fused_tile128xN.cu each. Layer 0 also has 192 (N that pads badly to 256: Qwen2 TP 8's 352); layer 1's N
-// is the hidden size, a multiple of 256 in every model we know, and its combine ships 256-column chunks.
+// fused_tile128xN.cu each. 192: in layer 0 for N that pads badly to 256 (Qwen2 TP 8's 352); in layer 1
+// (N = H) for batches whose 256-wide tiles leave the last wave mostly idle; the combine's 256-column
+// chunks then wait on the two column blocks each covers.
 inline constexpr int kTileM = 128;
 using Layer0Tiles = std::integer_sequence<int, 128, 192, 256>;
-using Layer1Tiles = std::integer_sequence<int, 128, 256>;
+using Layer1Tiles = std::integer_sequence<int, 128, 192, 256>;
 // Layer 0 in fp8 (Fp8GemmConfig): 128 x 128 only. Its mainloop keeps a second set of fp32 accumulators
 // for the per-K-block promotion, so a 256-wide tile would hold 256 accumulator registers per thread.
 using Fp8Layer0Tiles = std::integer_sequence<int, 128>;

@@ -17,7 +17,7 @@ double CostModel::tile_factor(const LayerWork& w, int tile_n) const { return cos
 int CostModel::best_tile_n(const LayerWork& w) const {
   int best = 256;  // among equals the widest tile
   for (int t : {192, 128}) {
-    if (t == 192 && (w.layer != 0 || w.backward)) continue;  // compiled for layer 0 only
+    if (t == 192 && (w.layer != 0 || w.backward)) continue;  // layer 1's: measured picks only (tune.hpp)
     if (tile_factor(w, t) < tile_factor(w, best)) best = t;
   }
   return best;

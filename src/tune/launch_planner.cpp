@@ -68,7 +68,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
                   " in fp8: tile_n must be 128, got ", request.tile_n.value_or(0));
   }
   COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n, dtype), "FusedMoe ", name,
-                ": tile_n must be 128", layer == 0 ? ", 192" : "", " or 256, got ", request.tile_n.value_or(0));
+                ": tile_n must be 128", layer <= 1 ? ", 192" : "", " or 256, got ", request.tile_n.value_or(0));
   COMET_REQUIRE(!request.n_comm || *request.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0, got ",
                 request.n_comm.value_or(0));
   COMET_REQUIRE(!request.m_group || (*request.m_group >= 1 && *request.m_group <= kMaxGroup), "FusedMoe ", name,

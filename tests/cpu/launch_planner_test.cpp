@@ -106,7 +106,7 @@ TEST(LaunchPlanner, SequentialScheduleAndSingleRank) {
 
 TEST(LaunchPlanner, RejectsWhatNoKernelRuns) {
   const LaunchPlanner p = planner(Parallel{8, 1});
-  EXPECT_THROW(p.plan(1, LayerMode::fused, 64, LayerRequest::forced(192, 2)), InvalidArgument);  // layer 0 only
+  EXPECT_EQ(p.plan(1, LayerMode::fused, 64, LayerRequest::forced(192, 2)).decision.tile_n, 192);  // forward: compiled
   EXPECT_THROW(p.plan(0, LayerMode::fused, 64, LayerRequest::forced(160, 2)), InvalidArgument);
   EXPECT_THROW(p.plan(0, LayerMode::fused, 64, LayerRequest::forced(256, -1)), InvalidArgument);
   LayerRequest r = LayerRequest::forced(256, 2);
@@ -121,9 +121,13 @@ TEST(LaunchPlanner, RejectsWhatNoKernelRuns) {
   EXPECT_THROW(p.plan(2, LayerMode::fused, 64, LayerRequest::forced(192, 2)), InvalidArgument);  // no grad 192
   // A table entry that is not compiled is reported as the table's fault.
   TuneTable bad;
-  bad.put(p.key(1, 4096), TuneEntry{LayerVariant{192, 4, 0, 1}, 1.0});
+  bad.put(p.key(3, 4096), TuneEntry{LayerVariant{192, 4, 0, 1}, 1.0});
   const LaunchPlanner q = planner(Parallel{8, 1}, bad);
-  EXPECT_THROW(q.plan(1, LayerMode::fused, 4096, LayerRequest{}), InvalidArgument);
+  EXPECT_THROW(q.plan(3, LayerMode::fused, 4096, LayerRequest{}), InvalidArgument);
+  // Layer 1's 192 comes from the table alone (the cost model has no waves to weigh it by).
+  TuneTable l1_192;
+  l1_192.put(p.key(1, 4096), TuneEntry{LayerVariant{192, 0, 0, 1}, 1.0});
+  EXPECT_EQ(planner(Parallel{8, 1}, l1_192).plan(1, LayerMode::fused, 4096, LayerRequest{}).decision.tile_n, 192);
 }
 
 // The backward's launches (2: backward of layer 1, 3: of layer 0) have their own table keys, else the

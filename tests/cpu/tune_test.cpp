@@ -227,7 +227,7 @@ TEST(CostModel, TileShapeFollowsTheColumnsThatPaddingWastes) {
   const LayerWork w = expected_work(qwen2, Parallel{1, 8}, 0, 4096, 256);
   EXPECT_NEAR(m.tile_factor(w, 128), 384.0 / 512.0 / m.tile128_efficiency, 1e-12);
   EXPECT_NEAR(m.tile_factor(w, 192), 384.0 / 512.0 / m.tile192_efficiency, 1e-12);
-  // 192 is a layer-0 shape: layer 1 never gets it, whatever its N.
+  // The model never picks 192 for layer 1 (the table may: its gain is the last wave's).
   LayerWork l1 = w;
   l1.layer = 1;
   EXPECT_NE(m.best_tile_n(l1), 192);

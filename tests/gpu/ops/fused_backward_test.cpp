@@ -236,6 +236,9 @@ INSTANTIATE_TEST_SUITE_P(
         BwdCase{"EP2xTP2_top8", kTop8, {2, 2}, {80, 0, 150, 41}},
         BwdCase{"EP4xTP2_host_zipf", kSmallSwiglu, {4, 2}, {20, 40, 60, 80, 100, 0, 7, 130}, RoutingKind::zipf,
                 Link::host},
+        // A forward with 192-wide tiles in both layers: the backward's launches (no 192) take the planner's.
+        BwdCase{"EP4_forward_tile192", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::device,
+                forced(192, 2), forced(192, 4)},
         BwdCase{"EP4_tile128", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
                 forced(128, 3, 4, 1), forced(128, 3, 4, 2)},
         BwdCase{"EP4_sequential_schedule", kGelu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::host,

@@ -147,6 +147,14 @@ INSTANTIATE_TEST_SUITE_P(
              forced(192, 3, 4, 1), forced(256, 3, 4, 1)},
         Case{"TP2_tile192_host_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host, forced(192, 2, 0, 1),
              forced(128, 2, 0, 1)},
+        // Layer 1's 128x192 tiles: H = 256 is a whole block and a partial one (64 columns), H = 384 two
+        // whole ones, H = 512 two and a partial one (128), under the combine's 256-column chunks.
+        Case{"EP4_l1_tile192", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::device,
+             forced(256, 3, 4, 1), forced(192, 3, 4, 1)},
+        Case{"TP2_l1_tile192_host_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host, forced(128, 2, 0, 1),
+             forced(192, 2, 0, 1)},
+        Case{"EP8_top8_l1_tile192_sequential", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform,
+             Link::host, forced(256, 0), forced(192, 0)},
         Case{"EP8_one_expert_hot5", kTop8, {8, 1}, {64, 64, 64, 64, 64, 64, 64, 64}, RoutingKind::one_expert,
              Link::device, forced(256, 2, 16, 1),
              forced(256, 4, 16, 1), 5},
@@ -249,6 +257,29 @@ TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
       for (size_t r = 0; r < fused.size(); ++r)
         EXPECT_EQ(0, std::memcmp(fused[r].data(), got[r].data(), fused[r].size() * sizeof(float)))
             << c.name << " " << to_string(g) << ": rank " << r;
+    }
+  }
+}
+
+// Layer 1's tile width changes which blocks compute an output element, not the order in which its K is
+// summed: 128, 192 and 256-wide tiles give the same bits, fused and in the sequential schedule (so the
+// tuner's tile pick never changes a result); partial column blocks (H = 512 at 192) included.
+TEST(FusedMoe, Layer1TileWidthsGiveTheSameBits) {
+  for (const Case& c : {Case{"ep4_top8", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
+                        Case{"tp2_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host}}) {
+    SCOPED_TRACE(c.name);
+    Harness h(c);
+    h.run(forced(256, 2), forced(256, 4));
+    const auto want = h.outputs();
+    check_outputs(h, want);
+    for (int tile : {128, 192}) {
+      for (int n_comm : {0, 4}) {
+        h.run(forced(256, 2), forced(tile, n_comm));
+        const auto got = h.outputs();
+        for (size_t r = 0; r < got.size(); ++r)
+          EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4))
+              << "tile " << tile << " n_comm " << n_comm << " rank " << r;
+      }
     }
   }
 }

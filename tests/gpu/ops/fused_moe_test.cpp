@@ -482,7 +482,7 @@ TEST(FusedMoe, RejectsBadInputBeforeLaunch) {
   EXPECT_THROW(h.moe.set_weights(0, static_cast<const char*>(h.ranks[0]->w0.get()) + 8, h.ranks[0]->w1.get()),
                InvalidArgument);
   EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, forced(160, 2, 16)), InvalidArgument);
-  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, forced(192, 2, 16)), InvalidArgument);  // layer 0 only
+  EXPECT_THROW(h.moe.layer1(0, LayerMode::fused, forced(320, 2, 16)), InvalidArgument);  // not compiled
   LayerRequest bad = forced(256, 2);
   bad.m_group = -1;
   EXPECT_THROW(h.moe.layer0(0, LayerMode::fused, bad), InvalidArgument);

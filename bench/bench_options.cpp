@@ -46,8 +46,6 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
-  --cluster-n N            comet's forward launches with compute blocks in pairs sharing A (2), alone (1),
-                           or as the tuner's table says (0; MoeOptions::cluster_n)   (default: 0)
   --tile-n N               comet's tile 128xN, N in {128, 192, 256}; 192 only with forward layers
                            (l0, l1, fwd: the backward's kernels have no 192)     (default: 256)
   --dtype T                layer 0's GEMM inputs, bf16 or e4m3 (fp8 tokens and W0 with block scales;
@@ -179,8 +177,6 @@ BenchOptions parse_options(int argc, char** argv) {
       o.tuned_tile = true;
     } else if (a == "--tile-n") {
       o.tile_n = to_int(value(), a);
-    } else if (a == "--cluster-n") {
-      o.cluster_n = to_int(value(), a);
     } else if (a == "--reps") {
       o.reps = to_int(value(), a);
     } else if (a == "--warmup") {
@@ -222,7 +218,6 @@ BenchOptions parse_options(int argc, char** argv) {
   for (int n : o.n_comm) COMET_REQUIRE(n >= 0, "--n-comm: values must be >= 0 (0: FusedMoe's sequential mode)");
   for (int c : o.chunks) COMET_REQUIRE(c >= 1, "--chunks: values must be >= 1");
   COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 192 || o.tile_n == 256, "--tile-n must be 128, 192 or 256");
-  COMET_REQUIRE(o.cluster_n >= 0 && o.cluster_n <= 2, "--cluster-n must be 0, 1 or 2");
   COMET_REQUIRE(o.tile_n != 192 || !o.has_backward(), "--tile-n 192 is a forward shape: give --layers from l0,l1,fwd");
   COMET_REQUIRE(o.dtype == "bf16" || o.dtype == "e4m3", "--dtype must be bf16 or e4m3, got '", o.dtype, "'");
   COMET_REQUIRE(o.dtype == "bf16" || (o.tile_n == 128 && !o.has_system("chunked") && !o.has_backward()),

@@ -24,7 +24,6 @@ struct BenchOptions {
   WeightGradKernel wgrad_kernel = WeightGradKernel::automatic;  // BackwardOptions::weight_grad_kernel of comet's backward
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
-  int cluster_n = 0;  // MoeOptions::cluster_n of comet's layer (0: the tuner's)
   std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)
   bool tuned_tile = false;  // tuned records: the tuner picks the width as well
   int reps = 10;

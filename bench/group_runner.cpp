@@ -48,7 +48,6 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   mo.layer0 = variant(o_.tile_n, 2);
   mo.layer1 = variant(o_.tile_n, 4);
   mo.adaptive_split = o_.adaptive;
-  mo.cluster_n = o_.cluster_n;
   mo.training = o_.has_backward();  // the forwards keep their pre-activations (every forward record then pays it)
   mo.compute_ranks = {0};           // the others only stage their tokens: no gathered rows, hidden or Y
   mo.dtype = fp8() ? DType::e4m3 : DType::bf16;
@@ -221,7 +220,6 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   r.system = system;
   r.dtype = o_.dtype;
   r.tile_n = o_.tile_n;
-  r.cluster_n = o_.cluster_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;
   r.tokens_cap = moe_->capacity().max_tokens_per_rank;

@@ -110,7 +110,6 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     if (r.paired) o.raw("paired", "true");
     if (!r.picked_by.empty()) o.str("picked_by", r.picked_by);
     o.integer("tile_n", r.tile_n);
-    if (r.cluster_n > 0) o.integer("cluster_n", r.cluster_n);
     o.integer("samples", r.samples);
     o.number("min_ms", r.min_ms);
     o.number("max_ms", r.max_ms);

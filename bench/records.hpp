@@ -43,7 +43,6 @@ struct Record {
   bool paired = false;                        // timed in rotation with its counterpart (--paired)
   std::string picked_by;                      // tuned: "table" or "cost_model" (fwd, bwd: layer 0 / layer 1)
   int tile_n = 0;
-  int cluster_n = 0;  // MoeOptions::cluster_n the group ran with (0: the tuner's; not written)
   int samples = 0;
   double min_ms = 0, max_ms = 0;
   long long rows = 0;         // rank 0's real rows

@@ -57,12 +57,6 @@ inline LayerRequest forced(int tile_n, int n_comm, int m_group = 0, int n_group 
   return r;
 }
 
-// The request with its compute blocks in pairs (cluster_n 2: tile 256, an even n_comm).
-inline LayerRequest paired(LayerRequest r) {
-  r.cluster_n = 2;
-  return r;
-}
-
 // The request with its standalone GEMM (gemm_only, or the sequential schedule's GEMM launch) set.
 inline LayerRequest with_standalone(LayerRequest r, StandaloneGemm gemm) {
   r.standalone_gemm = gemm;

@@ -53,10 +53,6 @@ struct MoeOptions {
   // the tile shape is then chosen from the layer's shape alone, never per token bucket from the table.
   // Results are already independent of n_comm, groups, repeats and the other tokens' routing.
   bool batch_invariant = false;
-  // Compute blocks in pairs that share each A tile (TMA multicast in 1 x 2 clusters) in the forward's
-  // bf16 launches that can run them (tile 256, an even n_comm; the others run unpaired): 0 the tuner's
-  // choice, 1 never, 2 wherever possible. A layer's request (layer0 / layer1 .cluster_n) overrides it.
-  int cluster_n = 0;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),

@@ -73,9 +73,6 @@ struct LayerRequest {
   std::optional<int> m_group;  // M-tiles per rasterisation group, >= 1
   std::optional<int> n_group;  // layer 1: column blocks shipped together, >= 1
   std::optional<StandaloneGemm> standalone_gemm;  // where the launch has a replaceable standalone GEMM (above)
-  // 2: the compute blocks run in pairs (1 x 2 clusters) that share each A tile by TMA multicast; the
-  // forward's bf16 layers at tile 256 with an even n_comm. 1: alone.
-  std::optional<int> cluster_n;
 
   // tile and comm blocks fixed, the rest the planner's.
   static LayerRequest forced(int tile_n, int n_comm) {
@@ -96,7 +93,6 @@ struct LayerVariant {
   // With n_comm 0 in layers 1-3: the sequential schedule's GEMM (comet-tune sets it where one of
   // CUTLASS's grouped GEMMs measured faster than ours on the case).
   StandaloneGemm standalone_gemm = StandaloneGemm::comet;
-  int cluster_n = 1;  // compute blocks alone (1) or in pairs sharing A (2)
 };
 
 // fused:      comm blocks inside the GEMM kernel (n_comm > 0).
@@ -116,7 +112,6 @@ struct LaunchDecision {
   int resident_blocks = 0;  // the tile's resident grid on this device: comm + compute blocks
   bool adaptive = false;   // the kernel may re-pick n_comm from the batch's plan (adaptive split)
   StandaloneGemm standalone_gemm = StandaloneGemm::comet;  // the GEMM of a gemm_only or sequential launch
-  int cluster_n = 1;       // compute blocks alone (1) or in pairs sharing A (2)
   const char* picked_by = "";  // "forced", "table", "cost_model"
 };
 

@@ -143,7 +143,6 @@ nb::dict decision_dict(const LaunchDecision& d) {
   o["n_comm"] = d.n_comm;
   o["m_group"] = d.m_group;
   o["n_group"] = d.n_group;
-  o["cluster_n"] = d.cluster_n;
   o["resident_blocks"] = d.resident_blocks;
   o["adaptive"] = d.adaptive;
   o["picked_by"] = d.picked_by;

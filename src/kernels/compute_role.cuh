@@ -10,12 +10,6 @@
 //                                      (activation + store; layer 1 also publishes the tile's done flag)
 // Compute block c of n_compute takes tiles c, c + n_compute, ... so that all blocks walk the list
 // together, in its order.
-// Pairs (Cfg::kClusterN == 2, a 1 x 2 cluster of consecutive compute blocks): the schedule then lists
-// (M-tile, column-block pair) items; pair p takes items p, p + n_compute / 2, ... and its member j
-// computes column block 2 n + j of item n. Both members load the same A tile (half each, multicast to
-// both) and walk the same items in step, so every stage holds one tile's k-slice in both. Where the
-// column blocks are odd in number, member 1 of the last pair computes a phantom block past N (its B is
-// TMA's zero fill) whose epilogue is skipped.
 // With block-scaled fp8 (Cfg::kScaleWarp, fp8_gemm_config.cuh), warp 1 of the producer warp group walks
 // the same tiles and loads their scales with cp.async into the same pipeline stages, after the same
 // before_load wait (the scales of a record land with its codes).
@@ -71,25 +65,7 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
   pipe_params.num_producers = Cfg::kProducerArrivals;
   pipe_params.transaction_bytes = mp.tma_transaction_bytes;
   Pipeline pipeline(storage.pipeline, pipe_params, typename Cfg::ClusterShape{});
-  constexpr int kPair = Cfg::kClusterN;
-  if constexpr (kPair > 1) {
-    // Both members' barriers initialised before either multicasts into the other or arrives on it.
-    cute::cluster_arrive_relaxed();
-    cute::cluster_wait();
-  } else {
-    __syncthreads();  // barrier initialisation visible to every warp
-  }
-  // This block's place among the walkers of the schedule and, in a pair, its column block in each item.
-  const int member = compute_index % kPair;
-  const int walker = compute_index / kPair;
-  const int n_walkers = n_compute / kPair;
-  const int n_blocks = (ext.n + Cfg::TileN - 1) / Cfg::TileN;
-  auto tile_at = [&](int w) {
-    TileCoord tile = schedule.at(w);
-    tile.n_block = tile.n_block * kPair + member;
-    return tile;
-  };
-  const uint32_t cluster_rank = kPair > 1 ? cute::block_rank_in_cluster() : 0u;
+  __syncthreads();  // barrier initialisation visible to every warp
 
   Mainloop mainloop;
   auto load_inputs = Cfg::load_inputs(mp, ext.rows_cap, ext.n, ext.k, ext.experts);
@@ -103,8 +79,8 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
     auto walk_tiles = [&](auto&& load_tiles) {
       auto write_state = cutlass::make_producer_start_state<Pipeline>();
       Tensor gA = get<0>(load_inputs);
-      for (int w = walker; w < n_work; w += n_walkers) {
-        const TileCoord tile = tile_at(w);
+      for (int w = compute_index; w < n_work; w += n_compute) {
+        const TileCoord tile = schedule.at(w);
         const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
         if (tile_k == 0) continue;
         hooks.before_load(tile, lane);
@@ -118,7 +94,7 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
     if constexpr (Cfg::kScaleWarp) {
       if (scale_warp) {
         walk_tiles([&](auto& state, auto coord, auto k_iter, int tile_k) {
-          mainloop.load_auxiliary(mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, cluster_rank, storage.tensors);
+          mainloop.load_auxiliary(mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, 0u, storage.tensors);
         });
         return;
       }
@@ -126,7 +102,7 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
     if (warp_in_group != 0) return;
     if (lane == 0) Mainloop::prefetch_tma_descriptors(mp);
     const auto write_state = walk_tiles([&](auto& state, auto coord, auto k_iter, int tile_k) {
-      mainloop.load(mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, cluster_rank, storage.tensors);
+      mainloop.load(mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, 0u, storage.tensors);
     });
     mainloop.load_tail(pipeline, write_state);
   } else {
@@ -134,8 +110,8 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
     const int mma_thread = threadIdx.x % Cfg::kConsumerThreads;  // same numbering as CUTLASS's kernel
     typename Cfg::TiledMma tiled_mma;
     typename Cfg::PipelineState read_state;
-    for (int w = walker; w < n_work; w += n_walkers) {
-      const TileCoord tile = tile_at(w);
+    for (int w = compute_index; w < n_work; w += n_compute) {
+      const TileCoord tile = schedule.at(w);
       const int tile_k = tile.k_tiles >= 0 ? tile.k_tiles : k_tiles;
       auto acc = partition_fragment_C(tiled_mma, take<0, 2>(typename Cfg::TileShape{}));
       if (tile_k == 0) {
@@ -145,7 +121,7 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
         mainloop.mma_tail(pipeline, read_state, tile_k);
         read_state.advance(tile_k);
       }
-      if (kPair == 1 || tile.n_block < n_blocks) hooks.epilogue(acc, tile, mma_thread, storage.epilogue_staging);
+      hooks.epilogue(acc, tile, mma_thread, storage.epilogue_staging);
     }
   }
 }

@@ -39,7 +39,6 @@ struct Fp8GemmConfig {
   using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());  // ((1, rows), (128, H/128), L)
   using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());  // ((128, N/128), (128, H/128), L)
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
-  static constexpr int kClusterN = 1;  // compute blocks run alone (gemm_config.cuh: pairs)
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,

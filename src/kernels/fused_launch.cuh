@@ -17,9 +17,8 @@ namespace comet::kernels {
 // sms * that, or blocks that wait on each other could wait on a block that never starts.
 // Queried once per kernel and device (the attribute is set there too), then read from the cache: a
 // launch's host path makes no attribute or occupancy calls.
-// Compute blocks in pairs (cluster 2, gemm_config.cuh) count by resident 1 x 2 clusters: two blocks each.
 template <class Kernel>
-LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads, int cluster = 1) {
+LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads) {
   constexpr int kMaxDevices = 64;
   static LaunchLimits cache[kMaxDevices] = {};
   int device = 0;
@@ -29,24 +28,6 @@ LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads, int clu
   COMET_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
   COMET_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes));
   COMET_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes));
-  int max_blocks = sms * per_sm;
-  if (cluster > 1 && per_sm > 0) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(1, cluster, 1);
-    config.blockDim = dim3(threads, 1, 1);
-    config.dynamicSmemBytes = smem_bytes;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = cluster;
-    attr.val.clusterDim.z = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    int clusters = 0;
-    COMET_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-    max_blocks = clusters * cluster;
-    per_sm = clusters > 0 ? per_sm : 0;
-  }
   if (per_sm <= 0) {  // a persistent grid of 0 blocks would do nothing, silently
     cudaFuncAttributes a{};
     COMET_CUDA_CHECK(cudaFuncGetAttributes(&a, kernel));
@@ -55,50 +36,18 @@ LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads, int clu
                            " B of static shared memory, ", a.localSizeBytes, " B of local memory, at most ",
                            a.maxThreadsPerBlock, " threads per block"));
   }
-  const LaunchLimits lim{sms, max_blocks};
+  const LaunchLimits lim{sms, sms * per_sm};
   if (device < kMaxDevices) cache[device] = lim;
   return lim;
 }
 
 template <class Cfg, class Epi = ActivationStore>
 LaunchLimits layer0_limits_for() {
-  return resident_limits(layer0_kernel<Cfg, Epi>, Cfg::kSharedBytes, Cfg::kThreads, Cfg::kClusterN);
+  return resident_limits(layer0_kernel<Cfg, Epi>, Cfg::kSharedBytes, Cfg::kThreads);
 }
 template <class Cfg>
 LaunchLimits layer1_limits_for() {
-  return resident_limits(layer1_kernel<Cfg>, Cfg::kSharedBytes, Cfg::kThreads, Cfg::kClusterN);
-}
-
-// Launches a fused kernel of `grid` blocks: (grid, 1, 1), or with paired compute blocks (1, grid, 1) in
-// 1 x 2 clusters (kernel_split.hpp: fused_block_index).
-template <class Cfg, class Params>
-void launch_fused_kernel(void (*kernel)(Params), int grid, const Params& p, cudaStream_t stream) {
-  if constexpr (Cfg::kClusterN == 1) {
-    kernel<<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
-    COMET_CUDA_CHECK_LAUNCH();
-  } else {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(1, grid, 1);
-    config.blockDim = dim3(Cfg::kThreads, 1, 1);
-    config.dynamicSmemBytes = Cfg::kSharedBytes;
-    config.stream = stream;
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = 1;
-    attr.val.clusterDim.y = Cfg::kClusterN;
-    attr.val.clusterDim.z = 1;
-    config.attrs = &attr;
-    config.numAttrs = 1;
-    COMET_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, p));
-  }
-}
-
-// Paired compute blocks need both roles in whole clusters: an even number of comm and of compute blocks.
-template <class Cfg>
-std::string pairing_can_implement(const KernelSplit& split) {
-  if (Cfg::kClusterN == 1 || (split.n_comm % 2 == 0 && split.n_compute % 2 == 0)) return {};
-  return detail::concat("paired compute blocks (cluster 2) need even numbers of comm and compute blocks, got ",
-                        split.n_comm, " and ", split.n_compute);
+  return resident_limits(layer1_kernel<Cfg>, Cfg::kSharedBytes, Cfg::kThreads);
 }
 
 // Whether a compiled kernel can run a launch: empty, or why not (checked before every launch, so a
@@ -151,12 +100,12 @@ void launch_layer0_kernel(const DispatchArgs& d, const typename Cfg::MainloopPar
   p.dispatch = d;
   p.epi = epi;
   p.split = kernel_split(split, lim, Cfg::kSharedBytes);
-  std::string why = layer0_can_implement<Cfg>(d, ext.n, ext.experts, p.split);
-  if (why.empty()) why = pairing_can_implement<Cfg>(p.split);
+  const std::string why = layer0_can_implement<Cfg>(d, ext.n, ext.experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
-  launch_fused_kernel<Cfg>(layer0_kernel<Cfg, Epi>, grid, p, stream);
+  layer0_kernel<Cfg, Epi><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
+  COMET_CUDA_CHECK_LAUNCH();
 }
 
 // bf16 A [rows_cap][H] and B [experts] x (n0, H).
@@ -199,12 +148,12 @@ void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int 
   p.y = static_cast<__nv_bfloat16*>(y);
   p.tile_done = tile_done;
   p.split = kernel_split(split, lim, Cfg::kSharedBytes);
-  std::string why = layer1_can_implement<Cfg>(combine.topk, k, experts, p.split);
-  if (why.empty()) why = pairing_can_implement<Cfg>(p.split);
+  const std::string why = layer1_can_implement<Cfg>(combine.topk, k, experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
-  launch_fused_kernel<Cfg>(layer1_kernel<Cfg>, grid, p, stream);
+  layer1_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
+  COMET_CUDA_CHECK_LAUNCH();
 }
 
 template <class Cfg>
@@ -220,25 +169,6 @@ LaunchLimits layer0_limits_tile() {
 template <int TileN>
 void launch_layer0_tile(const Layer0Launch& l, cudaStream_t stream) {
   launch_layer0_for<GemmConfig<kTileM, TileN>>(l, stream);
-}
-// Paired compute blocks (1 x 2 clusters sharing A, gemm_config.cuh), bf16 forward layers.
-template <int TileN>
-using PairConfig = GemmConfig<kTileM, TileN, Major::k, Major::k, 2>;
-template <int TileN>
-LaunchLimits layer0_pair_limits_tile() {
-  return layer0_limits_for<PairConfig<TileN>>();
-}
-template <int TileN>
-void launch_layer0_pair_tile(const Layer0Launch& l, cudaStream_t stream) {
-  launch_layer0_for<PairConfig<TileN>>(l, stream);
-}
-template <int TileN>
-LaunchLimits layer1_pair_limits_tile() {
-  return layer1_limits_for<PairConfig<TileN>>();
-}
-template <int TileN>
-void launch_layer1_pair_tile(const Layer1Launch& l, cudaStream_t stream) {
-  launch_layer1_for<PairConfig<TileN>>(l, stream);
 }
 template <int TileN>
 LaunchLimits layer0_fp8_limits_tile() {

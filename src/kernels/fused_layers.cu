@@ -20,36 +20,22 @@ void with_tile(int tile_n, const char* layer, Fn&& fn) {
 
 }  // namespace
 
-LaunchLimits layer0_limits(int tile_n, DType dtype, int cluster_n) {
+LaunchLimits layer0_limits(int tile_n, DType dtype) {
   LaunchLimits lim;
-  if (cluster_n != 1) {
-    COMET_REQUIRE(cluster_n == 2 && dtype == DType::bf16, "fused layer 0: compute blocks pair (cluster 2) in bf16 only, got cluster ",
-                  cluster_n);
-    with_tile<PairTiles>(tile_n, "paired layer 0", [&](auto w) { lim = layer0_pair_limits_tile<decltype(w)::value>(); });
-  } else if (dtype == DType::e4m3) {
+  if (dtype == DType::e4m3) {
     with_tile<Fp8Layer0Tiles>(tile_n, "fp8 layer 0", [&](auto w) { lim = layer0_fp8_limits_tile<decltype(w)::value>(); });
   } else {
     with_tile<Layer0Tiles>(tile_n, "layer 0", [&](auto w) { lim = layer0_limits_tile<decltype(w)::value>(); });
   }
   return lim;
 }
-LaunchLimits layer1_limits(int tile_n, int cluster_n) {
+LaunchLimits layer1_limits(int tile_n) {
   LaunchLimits lim;
-  if (cluster_n != 1) {
-    COMET_REQUIRE(cluster_n == 2, "fused layer 1: compute blocks run alone or in pairs, got cluster ", cluster_n);
-    with_tile<PairTiles>(tile_n, "paired layer 1", [&](auto w) { lim = layer1_pair_limits_tile<decltype(w)::value>(); });
-    return lim;
-  }
   with_tile<Layer1Tiles>(tile_n, "layer 1", [&](auto w) { lim = layer1_limits_tile<decltype(w)::value>(); });
   return lim;
 }
 void launch_layer0(const Layer0Launch& l, cudaStream_t stream) {
-  if (l.split.cluster_n != 1) {
-    COMET_REQUIRE(l.split.cluster_n == 2 && l.dtype == DType::bf16,
-                  "fused layer 0: compute blocks pair (cluster 2) in bf16 only, got cluster ", l.split.cluster_n);
-    with_tile<PairTiles>(l.tile_n, "paired layer 0",
-                         [&](auto w) { launch_layer0_pair_tile<decltype(w)::value>(l, stream); });
-  } else if (l.dtype == DType::e4m3) {
+  if (l.dtype == DType::e4m3) {
     with_tile<Fp8Layer0Tiles>(l.tile_n, "fp8 layer 0",
                               [&](auto w) { launch_layer0_fp8_tile<decltype(w)::value>(l, stream); });
   } else {
@@ -57,13 +43,6 @@ void launch_layer0(const Layer0Launch& l, cudaStream_t stream) {
   }
 }
 void launch_layer1(const Layer1Launch& l, cudaStream_t stream) {
-  if (l.split.cluster_n != 1) {
-    COMET_REQUIRE(l.split.cluster_n == 2, "fused layer 1: compute blocks run alone or in pairs, got cluster ",
-                  l.split.cluster_n);
-    with_tile<PairTiles>(l.tile_n, "paired layer 1",
-                         [&](auto w) { launch_layer1_pair_tile<decltype(w)::value>(l, stream); });
-    return;
-  }
   with_tile<Layer1Tiles>(l.tile_n, "layer 1", [&](auto w) { launch_layer1_tile<decltype(w)::value>(l, stream); });
 }
 

@@ -27,18 +27,13 @@ using Layer1Tiles = std::integer_sequence<int, 128, 192, 256>;
 using Fp8Layer0Tiles = std::integer_sequence<int, 128>;
 // The backward's fused kernels (layer 0's and layer 1's with N-major weights): the two widths.
 using GradTiles = std::integer_sequence<int, 128, 256>;
-// Compute blocks in pairs (GridSplit::cluster_n 2: 1 x 2 clusters sharing the A tile by TMA multicast):
-// the bf16 forward layers at 128 x 256 (fused_tile128x256_pair.cu), the large GEMMs where L2 traffic
-// counts.
-using PairTiles = std::integer_sequence<int, 256>;
 
 template <int... T>
 constexpr bool has_tile(std::integer_sequence<int, T...>, int tile_n) {
   return ((tile_n == T) || ...);
 }
 // By launch id (comet/tune.hpp: 0, 1 the forward's layers, 2, 3 the backward's kernels).
-inline bool is_supported_tile_n(int tile_n, int layer, DType dtype = DType::bf16, int cluster_n = 1) {
-  if (cluster_n != 1) return cluster_n == 2 && layer < 2 && dtype == DType::bf16 && has_tile(PairTiles{}, tile_n);
+inline bool is_supported_tile_n(int tile_n, int layer, DType dtype = DType::bf16) {
   if (layer >= 2) return has_tile(GradTiles{}, tile_n);
   if (layer == 0 && dtype == DType::e4m3) return has_tile(Fp8Layer0Tiles{}, tile_n);
   return layer == 0 ? has_tile(Layer0Tiles{}, tile_n) : has_tile(Layer1Tiles{}, tile_n);
@@ -52,7 +47,6 @@ struct GridSplit {
   AdaptiveSplit adapt;             // fused mode with comm blocks only
   int m_group = 16;
   int n_group = 1;                 // layer 1: column blocks shipped together
-  int cluster_n = 1;               // 2: compute blocks in pairs sharing A (PairTiles; even n_comm)
   Mode mode = Mode::fused;
   TeamDeviceView team;
 };
@@ -178,14 +172,6 @@ LaunchLimits layer0_limits_tile();
 template <int TileN>
 void launch_layer0_tile(const Layer0Launch& l, cudaStream_t stream);
 template <int TileN>
-LaunchLimits layer0_pair_limits_tile();
-template <int TileN>
-void launch_layer0_pair_tile(const Layer0Launch& l, cudaStream_t stream);
-template <int TileN>
-LaunchLimits layer1_pair_limits_tile();
-template <int TileN>
-void launch_layer1_pair_tile(const Layer1Launch& l, cudaStream_t stream);
-template <int TileN>
 LaunchLimits layer0_fp8_limits_tile();
 template <int TileN>
 void launch_layer0_fp8_tile(const Layer0Launch& l, cudaStream_t stream);
@@ -203,10 +189,9 @@ LaunchLimits grad_layer0_limits_tile();
 template <int TileN>
 void launch_grad_layer0_tile(const GradLayer0Launch& l, cudaStream_t stream);
 
-// The entry points by tile width (InvalidArgument for a width that is not compiled) and, for the
-// forward's layers, cluster (1, or 2: PairTiles; the launches read theirs from split.cluster_n).
-LaunchLimits layer0_limits(int tile_n, DType dtype = DType::bf16, int cluster_n = 1);
-LaunchLimits layer1_limits(int tile_n, int cluster_n = 1);
+// The entry points by tile width (InvalidArgument for a width that is not compiled).
+LaunchLimits layer0_limits(int tile_n, DType dtype = DType::bf16);
+LaunchLimits layer1_limits(int tile_n);
 
 void launch_layer0(const Layer0Launch& l, cudaStream_t stream);
 void launch_layer1(const Layer1Launch& l, cudaStream_t stream);

@@ -51,15 +51,10 @@ CUTE_DEVICE auto tiled_ab_views(const Params& p, int m, int n, int k, int expert
   return make_tuple(gA, gB);
 }
 
-// ClusterN_ = 2: the compute blocks run in pairs (a 1 x 2 thread-block cluster) on two column blocks of
-// the same M-tile, and each TMA-loads half of the shared A tile into both (multicast): A crosses from L2
-// once per pair, not once per block (compute_role.cuh: the pairing).
-template <int TileM_, int TileN_, Major AMajor_ = Major::k, Major BMajor_ = Major::k, int ClusterN_ = 1>
+template <int TileM_, int TileN_, Major AMajor_ = Major::k, Major BMajor_ = Major::k>
 struct GemmConfig {
   static constexpr int TileM = TileM_;
   static constexpr int TileN = TileN_;
-  static constexpr int kClusterN = ClusterN_;
-  static_assert(kClusterN == 1 || kClusterN == 2, "compute blocks run alone or in pairs");
   static constexpr int TileK = 64;
   static constexpr Major AMajor = AMajor_;
   static constexpr Major BMajor = BMajor_;
@@ -70,7 +65,7 @@ struct GemmConfig {
   using LayoutA = std::conditional_t<AMajor == Major::k, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
   using LayoutB = std::conditional_t<BMajor == Major::k, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
-  using ClusterShape = cute::Shape<cute::_1, cute::Int<kClusterN>, cute::_1>;
+  using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
       cutlass::bfloat16_t, LayoutA, 8,

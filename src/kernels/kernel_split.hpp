@@ -20,21 +20,6 @@ struct KernelSplit {
   TeamDeviceView team;
 };
 
-#ifdef __CUDACC__
-// A fused kernel's block index and grid: a plain launch is (grid, 1, 1); a launch of paired compute
-// blocks (fused_launch.cuh) is (1, grid, 1) in 1 x 2 clusters, since CUTLASS's pipeline reads the pair
-// member from the cluster's y index.
-__device__ __forceinline__ int fused_block_index() { return int(blockIdx.x + blockIdx.y); }
-__device__ __forceinline__ int fused_grid_blocks() { return int(gridDim.x * gridDim.y); }
-
-// The kernel's comm blocks with compute blocks in pairs of `pair` (a cluster holds two blocks of one
-// role): an odd adaptive pick rounds up, leaving at least one pair.
-__device__ __forceinline__ int paired_n_comm(int n_comm, int grid, int pair) {
-  if (pair == 1 || n_comm % 2 == 0) return n_comm;
-  return min(n_comm + 1, grid - 2);
-}
-#endif
-
 inline KernelSplit kernel_split(const GridSplit& s, const LaunchLimits& lim, int smem_bytes) {
   KernelSplit k{};
   k.epoch = s.epoch;

@@ -1,6 +1,6 @@
 // Fused layer 0: token dispatch overlapped inside the expert grouped GEMM (M-split).
 //   blocks [0, n_comm)           comm blocks: pull remote rows into A, release tile_ready[m]   (dispatch_role)
-//   blocks [n_comm, grid)        compute blocks: walk the tiles in plan order; the producer warp waits
+//   blocks [n_comm, gridDim.x)   compute blocks: walk the tiles in plan order; the producer warp waits
 //                                on tile_ready[m] >= epoch before loading a tile that has remote rows;
 //                                the epilogue applies the activation and writes the hidden rows.
 // The backward of layer 1 is this kernel with other operands: the comm blocks pull output-gradient rows,
@@ -81,19 +81,15 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_c
   static_assert(Cfg::kThreads / 32 >= dispatch::kWarpsUsed, "a comm block needs the dispatch role's warps");
   extern __shared__ __align__(1024) char smem[];
   const Epoch epoch = *p.split.epoch;
-  const int block = fused_block_index(), grid = fused_grid_blocks();
-  const int n_comm =
-      paired_n_comm(adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, grid), grid, Cfg::kClusterN);
-  if (p.split.adapt.enabled && block == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
-  if (block < n_comm) {
-    run_dispatch_role(p.dispatch, block, n_comm, epoch, smem, p.split.smem_bytes, p.split.team);
+  const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
+  if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
+  if (int(blockIdx.x) < n_comm) {
+    run_dispatch_role(p.dispatch, blockIdx.x, n_comm, epoch, smem, p.split.smem_bytes, p.split.team);
     return;
   }
-  // Paired compute blocks walk (M-tile, column-block pair) items (compute_role.cuh).
-  const int n_items = ((p.ext.n + Cfg::TileN - 1) / Cfg::TileN + Cfg::kClusterN - 1) / Cfg::kClusterN;
-  const Layer0Schedule schedule{p.dispatch.plan, n_items, p.split.m_group, p.split.waits};
+  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group, p.split.waits};
   Layer0Hooks<Cfg, Epi> hooks{p, epoch};
-  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, block - n_comm, grid - n_comm, smem);
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 
 }  // namespace comet::kernels

@@ -2,7 +2,7 @@
 //   blocks [0, n_comm)           comm blocks: for each finished (M-tile, column block), weight, sum
 //                                over this rank's slots of the token and ship the slice to the token's
 //                                owner (combine_role)
-//   blocks [n_comm, grid)        compute blocks: column groups in order; each tile's epilogue writes
+//   blocks [n_comm, gridDim.x)   compute blocks: column groups in order; each tile's epilogue writes
 //                                Y's rows and releases tile_done[m * n_blocks + n] = epoch.
 // n_comm is the host's, or, with an adaptive split, the one every block derives from the plan's counts
 // at kernel start (adaptive_split.hpp).
@@ -72,21 +72,16 @@ template <class Cfg>
 __global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_constant__ Layer1Params<Cfg> p) {
   extern __shared__ __align__(1024) char smem[];
   const Epoch epoch = *p.split.epoch;
-  const int block = fused_block_index(), grid = fused_grid_blocks();
-  const int n_comm =
-      paired_n_comm(adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, grid), grid, Cfg::kClusterN);
-  if (p.split.adapt.enabled && block == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
-  if (block < n_comm) {
-    run_combine_role(p.combine, block, n_comm, epoch, p.split.waits, smem, p.split.smem_bytes, p.split.team);
+  const int n_comm = adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, gridDim.x);
+  if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
+  if (int(blockIdx.x) < n_comm) {
+    run_combine_role(p.combine, blockIdx.x, n_comm, epoch, p.split.waits, smem, p.split.smem_bytes, p.split.team);
     return;
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
-  // Paired compute blocks walk (M-tile, column-block pair) items (compute_role.cuh): groups of pairs.
-  constexpr int kPair = Cfg::kClusterN;
-  const Layer1Schedule schedule{p.combine.plan, (n_blocks + kPair - 1) / kPair, p.split.m_group,
-                                (p.split.n_group + kPair - 1) / kPair};
+  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
   Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
-  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, block - n_comm, grid - n_comm, smem);
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 
 }  // namespace comet::kernels

@@ -12,19 +12,12 @@ namespace comet {
 template <class Launch, class LaunchFn, class GemmFn>
 void run_schedule(Launch& l, const LaunchDecision& d, bool pull, int world, LaunchFn&& launch, GemmFn&& gemm) {
   auto run = [&] { l.split.mode == LayerMode::gemm_only ? gemm(l) : launch(l); };
-  // The communication's own launch has no compute blocks to pair.
-  auto comm_alone = [&] {
-    const int cluster_n = l.split.cluster_n;
-    l.split.cluster_n = 1;
-    launch(l);
-    l.split.cluster_n = cluster_n;
-  };
   if (d.schedule == Schedule::sequential) {
     if (pull) {
       if (world > 1) {
         l.split.mode = LayerMode::comm_only;
         l.split.n_comm = d.resident_blocks;
-        comm_alone();
+        launch(l);
       }
       l.split.mode = LayerMode::gemm_only;
     } else {
@@ -32,8 +25,6 @@ void run_schedule(Launch& l, const LaunchDecision& d, bool pull, int world, Laun
       gemm(l);
       l.split.mode = LayerMode::comm_only;
       l.split.n_comm = d.resident_blocks;
-      comm_alone();
-      return;
     }
   }
   run();

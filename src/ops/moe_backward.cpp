@@ -284,7 +284,6 @@ LayerRequest MoeEngine::backward_request(int launch) const {
   // The backward's launches follow the forward's kernel of their kind (launch 2 is layer 0's kernel,
   // 3 layer 1's), except a forced tile the backward was not compiled with (192): that is the planner's.
   LayerRequest r = launch == 2 ? options_.layer0 : options_.layer1;
-  r.cluster_n.reset();  // the backward's kernels run their compute blocks unpaired
   if (r.tile_n && !kernels::is_supported_tile_n(*r.tile_n, launch)) r.tile_n.reset();
   return r;
 }

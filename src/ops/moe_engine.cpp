@@ -72,10 +72,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       cap_(cap),
       options_(options),
       planner_(shape, par, team.link(), device_caps(team.device(), options.dtype), load_table(options.tune_table),
-               PlannerPolicy{options.adaptive_split, options.batch_invariant, options.dtype, options.cluster_n}) {
+               PlannerPolicy{options.adaptive_split, options.batch_invariant, options.dtype}) {
   validate(shape_, par_);
-  COMET_REQUIRE(options_.cluster_n >= 0 && options_.cluster_n <= 2, "FusedMoe: cluster_n must be 0 (the tuner's), 1 or 2, got ",
-                options_.cluster_n);
   COMET_REQUIRE(options_.dtype == DType::bf16 || options_.dtype == DType::e4m3, "FusedMoe: unknown dtype ",
                 int(options_.dtype));
   if (options_.dtype == DType::e4m3) {
@@ -370,7 +368,6 @@ kernels::GridSplit MoeEngine::grid_split(const RankState& s, const PlannedLaunch
   g.adapt.chosen = s.chosen_n_comm + layer;
   g.m_group = planned.decision.m_group;
   g.n_group = planned.decision.n_group;
-  g.cluster_n = planned.decision.cluster_n;
   g.mode = mode;
   g.team = team_.device_view(s.rank);
   return g;

@@ -51,7 +51,7 @@ int LaunchPlanner::resident_blocks(int layer, int tile_n) const {
 const PlannedLaunch& LaunchPlanner::plan(int layer, LayerMode mode, int tokens, const LayerRequest& request) const {
   const Key id{layer, int(mode), tokens, request.tile_n.value_or(-1), request.n_comm.value_or(-1),
                request.m_group.value_or(-1), request.n_group.value_or(-1),
-               request.standalone_gemm ? int(*request.standalone_gemm) : -1, request.cluster_n.value_or(-1)};
+               request.standalone_gemm ? int(*request.standalone_gemm) : -1};
   if (const auto it = memo_.find(id); it != memo_.end()) return it->second;
   // A bound on the memo for callers whose token count changes every step (a few kB per entry).
   if (memo_.size() >= 4096) memo_.clear();
@@ -75,8 +75,6 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
                 ": m_group must be in [1, ", kMaxGroup, "], got ", request.m_group.value_or(0));
   COMET_REQUIRE(!request.n_group || (*request.n_group >= 1 && *request.n_group <= kMaxGroup), "FusedMoe ", name,
                 ": n_group must be in [1, ", kMaxGroup, "], got ", request.n_group.value_or(0));
-  COMET_REQUIRE(!request.cluster_n || *request.cluster_n == 1 || *request.cluster_n == 2, "FusedMoe ", name,
-                ": cluster_n must be 1 or 2, got ", request.cluster_n.value_or(0));
 
   const int picked_tokens = std::max(1, tokens);
   LayerVariant v;
@@ -85,7 +83,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   d.mode = mode;
   if (request.tile_n && request.n_comm) {
     v = LayerVariant{*request.tile_n, *request.n_comm, request.m_group.value_or(0), request.n_group.value_or(1),
-                     request.standalone_gemm.value_or(StandaloneGemm::comet), request.cluster_n.value_or(1)};
+                     request.standalone_gemm.value_or(StandaloneGemm::comet)};
     d.picked_by = "forced";
   } else {
     const LayerWork work = expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256));
@@ -114,19 +112,6 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   COMET_REQUIRE(v.m_group >= 0 && v.m_group <= kMaxGroup && v.n_group >= 1 && v.n_group <= kMaxGroup, "FusedMoe ",
                 name, ": m_group ", v.m_group, " / n_group ", v.n_group, " out of range (", d.picked_by, ")");
   d.n_comm = v.n_comm;
-  // Paired compute blocks: compiled for the forward's bf16 layers at one width, and a cluster holds two
-  // blocks of one role. A table entry the launch cannot take that way runs unpaired; a request is refused.
-  if (!request.cluster_n && policy_.cluster_n > 0) v.cluster_n = policy_.cluster_n;
-  d.cluster_n = v.cluster_n;
-  // The tuner's odd pick rounds up to whole clusters, as the kernel's adaptive pick does.
-  if (d.cluster_n == 2 && !request.n_comm && d.n_comm % 2 != 0 && d.n_comm + 1 < d.resident_blocks) ++d.n_comm;
-  if (d.cluster_n != 1) {
-    const bool pairs_ok = kernels::is_supported_tile_n(d.tile_n, layer, dtype, d.cluster_n) && d.n_comm % 2 == 0;
-    COMET_REQUIRE(pairs_ok || !request.cluster_n, "FusedMoe ", name,
-                  ": paired compute blocks (cluster_n 2) need layer 0 or 1 in bf16 at tile_n 256 and an even n_comm, "
-                  "got tile_n ", d.tile_n, " and n_comm ", d.n_comm);
-    if (!pairs_ok) d.cluster_n = 1;
-  }
   d.schedule = mode == LayerMode::fused && v.n_comm == 0 ? Schedule::sequential : Schedule::fused;
   d.n_group = v.n_group;
   // A combine layer's GEMM with no comm blocks beside it (gemm_only, or the sequential schedule's GEMM)

@@ -43,7 +43,6 @@ struct PlannerPolicy {
   bool adaptive_split = true;  // the kernel may re-pick n_comm from the batch's plan
   bool batch_invariant = false;  // the tile shape depends on the layer's shape only (not the token count)
   DType layer0_dtype = DType::bf16;  // e4m3: layer 0 runs the fp8 kernel (its own tiles and table keys)
-  int cluster_n = 0;  // 0: the table's; 1 or 2: every launch that can run it (MoeOptions::cluster_n)
 };
 
 class LaunchPlanner {
@@ -77,9 +76,8 @@ class LaunchPlanner {
   DeviceCaps caps_;
   TuneTable table_;
   PlannerPolicy policy_;
-  // (layer, mode, tokens, tile_n, n_comm, m_group, n_group, standalone_gemm, cluster_n); an empty request
-  // field is -1.
-  using Key = std::tuple<int, int, int, int, int, int, int, int, int>;
+  // (layer, mode, tokens, tile_n, n_comm, m_group, n_group, standalone_gemm); an empty request field is -1.
+  using Key = std::tuple<int, int, int, int, int, int, int, int>;
   mutable std::map<Key, PlannedLaunch> memo_;
   mutable std::map<std::pair<int, int>, int> resident_;  // (layer, tile_n) -> blocks
 };

@@ -23,7 +23,6 @@ std::string model_key(const std::string& gpu, Link link) { return gpu + '|' + to
 json to_json(const LayerVariant& v) {
   json j{{"tile_n", v.tile_n}, {"n_comm", v.n_comm}, {"m_group", v.m_group}, {"n_group", v.n_group}};
   if (v.standalone_gemm != StandaloneGemm::comet) j["standalone_gemm"] = to_string(v.standalone_gemm);
-  if (v.cluster_n != 1) j["cluster_n"] = v.cluster_n;
   return j;
 }
 
@@ -37,9 +36,6 @@ LayerVariant variant_from(const json& j) {
   const std::optional<StandaloneGemm> g = standalone_gemm_named(gemm);
   if (!g) throw InvalidArgument(detail::concat("standalone_gemm '", gemm, "' is not comet, grouped or grouped_cooperative"));
   v.standalone_gemm = *g;
-  v.cluster_n = j.value("cluster_n", 1);
-  if (v.cluster_n != 1 && v.cluster_n != 2)
-    throw InvalidArgument(detail::concat("cluster_n must be 1 or 2, got ", v.cluster_n));
   return v;
 }
 
@@ -175,7 +171,6 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
   v.m_group = request.m_group.value_or(v.m_group);
   v.n_group = request.n_group.value_or(v.n_group);
   v.standalone_gemm = request.standalone_gemm.value_or(v.standalone_gemm);
-  v.cluster_n = request.cluster_n.value_or(v.cluster_n);
   return t;
 }
 

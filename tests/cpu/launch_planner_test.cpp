@@ -130,40 +130,6 @@ TEST(LaunchPlanner, RejectsWhatNoKernelRuns) {
   EXPECT_EQ(planner(Parallel{8, 1}, l1_192).plan(1, LayerMode::fused, 4096, LayerRequest{}).decision.tile_n, 192);
 }
 
-// Compute blocks in pairs (cluster_n 2): the forward's bf16 layers at tile 256 with whole clusters of
-// each role. A request the kernels cannot take is refused; a table entry or MoeOptions::cluster_n that a
-// launch cannot take runs it unpaired; the tuner's odd n_comm rounds up to a whole cluster.
-TEST(LaunchPlanner, PairedComputeBlocksWhereTheKernelsHaveThem) {
-  const LaunchPlanner p = planner(Parallel{8, 1});
-  LayerRequest r = LayerRequest::forced(256, 4);
-  r.cluster_n = 2;
-  EXPECT_EQ(p.plan(0, LayerMode::fused, 4096, r).decision.cluster_n, 2);
-  EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, r).decision.cluster_n, 2);
-  EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, LayerRequest::forced(256, 4)).decision.cluster_n, 1);  // memo keys on it
-  LayerRequest odd = LayerRequest::forced(256, 3), narrow = LayerRequest::forced(128, 4);
-  odd.cluster_n = narrow.cluster_n = 2;
-  EXPECT_THROW(p.plan(0, LayerMode::fused, 4096, odd), InvalidArgument);
-  EXPECT_THROW(p.plan(1, LayerMode::fused, 4096, narrow), InvalidArgument);
-  EXPECT_THROW(p.plan(3, LayerMode::fused, 4096, r), InvalidArgument);  // the backward's kernels: unpaired
-  r.cluster_n = 3;
-  EXPECT_THROW(p.plan(0, LayerMode::fused, 4096, r), InvalidArgument);
-
-  TuneTable t;
-  t.put(p.key(1, 4096), TuneEntry{LayerVariant{256, 5, 0, 1, StandaloneGemm::comet, 2}, 1.0});
-  t.put(p.key(3, 4096), TuneEntry{LayerVariant{256, 4, 0, 1, StandaloneGemm::comet, 2}, 1.0});
-  const LaunchPlanner q = planner(Parallel{8, 1}, t);
-  const LaunchDecision& l1 = q.plan(1, LayerMode::fused, 4096, LayerRequest{}).decision;
-  EXPECT_EQ(l1.cluster_n, 2);
-  EXPECT_EQ(l1.n_comm, 6);  // 5 rounded up to whole clusters
-  EXPECT_EQ(q.plan(3, LayerMode::fused, 4096, LayerRequest{}).decision.cluster_n, 1);
-
-  const LaunchPlanner all(kMixtral, Parallel{8, 1}, Link::host, h200_like(), {}, PlannerPolicy{true, false, DType::bf16, 2});
-  EXPECT_EQ(all.plan(0, LayerMode::fused, 4096, tile(256)).decision.cluster_n, 2);
-  EXPECT_EQ(all.plan(0, LayerMode::fused, 4096, tile(256)).decision.n_comm % 2, 0);
-  EXPECT_EQ(all.plan(0, LayerMode::fused, 4096, tile(128)).decision.cluster_n, 1);
-  EXPECT_EQ(all.plan(2, LayerMode::fused, 4096, tile(256)).decision.cluster_n, 1);
-}
-
 // The backward's launches (2: backward of layer 1, 3: of layer 0) have their own table keys, else the
 // cost model on their own GEMM shapes: G W1 has N = F/tp (half of layer 0's N for SwiGLU), dPre W0 has
 // K = W0 rows (twice layer 1's K).

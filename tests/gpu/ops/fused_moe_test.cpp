@@ -155,17 +155,6 @@ INSTANTIATE_TEST_SUITE_P(
              forced(192, 2, 0, 1)},
         Case{"EP8_top8_l1_tile192_sequential", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform,
              Link::host, forced(256, 0), forced(192, 0)},
-        // Compute blocks in pairs sharing A (cluster 2): layer 1 with one column block (H = 256: member 1
-        // a phantom), layer 0 with three (kSilu EP: N = 640, the last pair half phantom), partial blocks
-        // (kGelu H = 384), a rank without tokens, the sequential schedule, top-8, the host link.
-        Case{"EP4_paired", kSmallSwiglu, {4, 1}, {120, 80, 0, 200}, RoutingKind::zipf, Link::device,
-             paired(forced(256, 2, 4, 1)), paired(forced(256, 4, 4, 1))},
-        Case{"EP4_top1_paired_odd_blocks_host", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert, Link::host,
-             paired(forced(256, 2)), paired(forced(256, 2))},
-        Case{"TP2_gelu_paired_sequential", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::device,
-             paired(forced(256, 0)), paired(forced(256, 0))},
-        Case{"EP8_top8_paired", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform, Link::host,
-             paired(forced(256, 4)), paired(forced(256, 6))},
         Case{"EP8_one_expert_hot5", kTop8, {8, 1}, {64, 64, 64, 64, 64, 64, 64, 64}, RoutingKind::one_expert,
              Link::device, forced(256, 2, 16, 1),
              forced(256, 4, 16, 1), 5},
@@ -292,38 +281,6 @@ TEST(FusedMoe, Layer1TileWidthsGiveTheSameBits) {
               << "tile " << tile << " n_comm " << n_comm << " rank " << r;
       }
     }
-  }
-}
-
-// Paired compute blocks (1 x 2 clusters sharing the A tile) compute every output element as an unpaired
-// block does, K in the same order: the same bits, fused and sequential, with the kernel's adaptive pick
-// rounded to an even n_comm; a request the pairs cannot take (an odd n_comm, a 128 tile) is refused
-// before any launch.
-TEST(FusedMoe, PairedComputeBlocksGiveTheSameBits) {
-  for (const Case& c : {Case{"ep4_top8", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
-                        Case{"ep2_silu_odd_blocks", kSilu, {2, 1}, {150, 61}, RoutingKind::uniform, Link::host}}) {
-    SCOPED_TRACE(c.name);
-    Harness h(c);
-    h.run(forced(256, 2), forced(256, 4));
-    const auto want = h.outputs();
-    check_outputs(h, want);
-    for (int n_comm : {0, 2, 8}) {
-      h.run(paired(forced(256, n_comm)), paired(forced(256, n_comm)));
-      EXPECT_EQ(h.moe.last_decision(0, 0).cluster_n, 2);
-      EXPECT_EQ(h.moe.last_decision(0, 1).cluster_n, 2);
-      const auto got = h.outputs();
-      for (size_t r = 0; r < got.size(); ++r)
-        EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4)) << "n_comm " << n_comm << " rank " << r;
-    }
-    LayerRequest tuned;  // the cost model's n_comm, re-picked (and rounded to even) on the device
-    tuned.tile_n = 256;
-    tuned.cluster_n = 2;
-    h.run(tuned, tuned);
-    const auto adaptive = h.outputs();
-    for (size_t r = 0; r < adaptive.size(); ++r)
-      EXPECT_EQ(0, std::memcmp(adaptive[r].data(), want[r].data(), adaptive[r].size() * 4)) << "tuned, rank " << r;
-    EXPECT_THROW(h.moe.decision(0, 0, LayerMode::fused, paired(forced(256, 3))), InvalidArgument);
-    EXPECT_THROW(h.moe.decision(1, 0, LayerMode::fused, paired(forced(128, 4))), InvalidArgument);
   }
 }
 

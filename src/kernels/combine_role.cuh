@@ -11,7 +11,7 @@
 // loads are in flight while batch t is summed, and no registers are held by loads in flight. Every
 // lane only ever touches its own 16 bytes of each slice, so the buffer needs no cross-lane ordering.
 // Per item the warp does a few shuffles and one 16-byte store a lane; nothing in an item's path waits
-// on memory (the metadata and each item's destination come with the batch's loads), and only slots
+// on memory (a batch's metadata is loaded one batch ahead, its destinations come with it), and only slots
 // that have a row on this rank are copied (ncu on the H200 showed the combine instruction-bound).
 #pragma once
 
@@ -67,6 +67,16 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     float gate = 0.f;
     __nv_bfloat16* dst = nullptr;
   };
+  // A batch's metadata as loaded from the plan, one batch ahead of its copies: the loads are issued
+  // here and first used by `issue` an iteration later, so their latency passes under the previous
+  // batch's sums and stores instead of in front of every batch (ncu: the metadata loads were the
+  // combine warps' longest stall).
+  struct Meta {
+    int count = 0;
+    int row = -1, col = 0;  // lanes < count * k: slice (item lane / k, slot lane % k)
+    float gate = 0.f;
+    int owner = 0, token = 0, chunk_col = 0;  // lanes < count: item lane
+  };
   const bool narrow = items < (1ll << 31);  // 32-bit item arithmetic (the usual case)
   auto locate = [&](long long item, int& chunk, int& u) {
     if (narrow) {
@@ -77,30 +87,40 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
       u = unit0 + int(item - (long long)chunk * units);
     }
   };
-  // Loads the batch's metadata, waits for its tiles, and starts its slice copies into buffer `buf`.
-  auto issue = [&](long long t, int buf) {
-    Batch b;
+  auto fetch = [&](long long t) {
+    Meta m;
     const long long first = t * batch;
-    b.count = int(items - first < batch ? items - first : batch);
-    if (lane < b.count * k) {  // one division per lane and batch, none per slice
+    m.count = int(items - first < batch ? items - first : batch);
+    if (lane < m.count * k) {  // one division per lane and batch, none per slice
       const int i = lane / k, j = lane - i * k;
       int chunk, u;
       locate(first + i, chunk, u);
-      b.row = c.plan.unit_rows[size_t(u) * k + j];
-      b.gate = c.unit_weights ? 1.f : c.plan.unit_gates[size_t(u) * k + j];
-      b.col = chunk * kChunk;
+      m.row = c.plan.unit_rows[size_t(u) * k + j];
+      m.gate = c.unit_weights ? 1.f : c.plan.unit_gates[size_t(u) * k + j];
+      m.col = chunk * kChunk;
     }
-    int owner = 0;
-    size_t offset = 0;
-    if (lane < b.count) {
+    if (lane < m.count) {
       int chunk, u;
       locate(first + lane, chunk, u);
-      owner = c.plan.unit_src[u];
-      const int token = c.plan.unit_token[u];
-      offset = (owner == c.rank ? size_t(token) : size_t(c.rank) * c.max_tokens + token) * c.hidden + chunk * kChunk;
+      m.owner = c.plan.unit_src[u];
+      m.token = c.plan.unit_token[u];
+      m.chunk_col = chunk * kChunk;
     }
+    return m;
+  };
+  // From a batch's metadata: its destinations, its tiles' waits, and its slice copies started into
+  // buffer `buf`.
+  auto issue = [&](const Meta& m, int buf) {
+    Batch b;
+    b.count = m.count;
+    b.row = m.row;
+    b.gate = m.gate;
+    b.col = m.col;
+    const int owner = m.owner;
     const uint64_t via_lane = __shfl_sync(0xffffffffu, lane_peer, owner & 31);
     if (lane < b.count) {
+      const size_t offset =
+          (owner == c.rank ? size_t(m.token) : size_t(c.rank) * c.max_tokens + m.token) * c.hidden + m.chunk_col;
       auto* base = owner == c.rank ? c.self_partial
                                    : reinterpret_cast<__nv_bfloat16*>(owner < 32 ? via_lane : peer_recv[owner]);
       b.dst = base + offset;
@@ -116,8 +136,8 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
       __syncwarp();  // the lanes' acquires cover the whole warp's copies below
     }
     char* dst = buffers + buf * slices * kCombineSliceBytes + lane * 16;
-    for (unsigned m = b.valid; m != 0; m &= m - 1, dst += kCombineSliceBytes) {
-      const int p = __ffs(m) - 1;
+    for (unsigned mask = b.valid; mask != 0; mask &= mask - 1, dst += kCombineSliceBytes) {
+      const int p = __ffs(mask) - 1;
       const int row = __shfl_sync(0xffffffffu, b.row, p);
       const int col = __shfl_sync(0xffffffffu, b.col, p) + lane * 8;
       if (col < c.hidden) dev::cp_async_16(dst, c.y + size_t(row) * c.hidden + col);
@@ -141,15 +161,19 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     }
   };
 
-  // Batches warp_id, warp_id + n_warps, ...: two in flight (double buffer).
+  // Batches warp_id, warp_id + n_warps, ...: two in flight (double buffer), the metadata of a third
+  // loading.
   long long t = warp_id;
   if (t >= n_batches) return;
-  Batch current = issue(t, 0);
+  Batch current = issue(fetch(t), 0);
+  Meta ahead;
+  if (t + n_warps < n_batches) ahead = fetch(t + n_warps);
   for (int buf = 0;; buf ^= 1) {
     const long long next = t + n_warps;
     Batch upcoming;
     if (next < n_batches) {
-      upcoming = issue(next, buf ^ 1);
+      upcoming = issue(ahead, buf ^ 1);
+      if (next + n_warps < n_batches) ahead = fetch(next + n_warps);
       dev::cp_async_wait<1>();  // the current batch's copies are done; the next one's stay in flight
     } else {
       dev::cp_async_wait<0>();

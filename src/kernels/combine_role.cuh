@@ -37,7 +37,14 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   constexpr int kChunk = 256;  // columns per item
   const int k = c.topk;
   const int slices = min(kCombineSlices, smem_bytes / (int(blockDim.x / 32) * 2 * kCombineSliceBytes));
-  const int batch = max(1, min(8, slices / k));  // items per batch: batch * k <= slices
+  // Items per batch. Every slot of a batch fits its buffer with slices / k items; where most slots have
+  // no row here (EP: about k / ep of a unit's k are), that left most of the buffer empty and a warp
+  // with a few hundred bytes in flight. Sparse slots take items for about 3/4 of the buffer on average,
+  // up to 32 slot lanes; the rare batch with more valid slots than slices reads the rest from global
+  // memory in `finish` (the same values, summed in the same order).
+  int batch = max(1, min(8, slices / k));
+  if (c.expected_slots > 0.f)
+    batch = max(batch, min(32 / k, int(0.75f * float(slices) / c.expected_slots)));
   const int n_chunks = (c.hidden + kChunk - 1) / kChunk;
   const int lane = threadIdx.x % 32;
   const int warps_per_block = blockDim.x / 32;
@@ -136,7 +143,8 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
       __syncwarp();  // the lanes' acquires cover the whole warp's copies below
     }
     char* dst = buffers + buf * slices * kCombineSliceBytes + lane * 16;
-    for (unsigned mask = b.valid; mask != 0; mask &= mask - 1, dst += kCombineSliceBytes) {
+    int copied = 0;  // the first `slices` valid slices go to the buffer; any more, finish reads in place
+    for (unsigned mask = b.valid; mask != 0 && copied < slices; mask &= mask - 1, dst += kCombineSliceBytes, ++copied) {
       const int p = __ffs(mask) - 1;
       const int row = __shfl_sync(0xffffffffu, b.row, p);
       const int col = __shfl_sync(0xffffffffu, b.col, p) + lane * 8;
@@ -149,13 +157,21 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   auto finish = [&](const Batch& b, int buf) {
     const char* src = buffers + buf * slices * kCombineSliceBytes + lane * 16;
     const unsigned slot_mask = (1u << k) - 1;  // k <= 16
+    int s = 0;  // the slice's place among the batch's valid slices (warp-uniform)
     for (int i = 0; i < b.count; ++i) {
       const int col = __shfl_sync(0xffffffffu, b.col, i * k) + lane * 8;
       auto* dst = reinterpret_cast<__nv_bfloat16*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(b.dst), i));
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      for (unsigned m = (b.valid >> (i * k)) & slot_mask; m != 0; m &= m - 1, src += kCombineSliceBytes) {
-        const float gate = __shfl_sync(0xffffffffu, b.gate, i * k + __ffs(m) - 1);
-        if (col < c.hidden) accumulate_bf16x8(acc, *reinterpret_cast<const uint4*>(src), gate);
+      for (unsigned m = (b.valid >> (i * k)) & slot_mask; m != 0; m &= m - 1, src += kCombineSliceBytes, ++s) {
+        const int p = i * k + __ffs(m) - 1;
+        const float gate = __shfl_sync(0xffffffffu, b.gate, p);
+        if (s < slices) {
+          if (col < c.hidden) accumulate_bf16x8(acc, *reinterpret_cast<const uint4*>(src), gate);
+        } else {  // past the buffer (a batch denser than expected): the slice in place
+          const int row = __shfl_sync(0xffffffffu, b.row, p);
+          if (col < c.hidden)
+            accumulate_bf16x8(acc, *reinterpret_cast<const uint4*>(c.y + size_t(row) * c.hidden + col), gate);
+        }
       }
       if (col < c.hidden) *reinterpret_cast<uint4*>(dst + lane * 8) = pack_bf16x8(acc);
     }

@@ -59,6 +59,9 @@ struct CombineArgs {
   int unit_end;
   bool unit_weights = false;  // the backward of dispatch: rows summed with weight 1, not their gates
   int world = 0;              // ranks, i.e. entries of peer_recv
+  // Mean slots a unit has on this rank (k / ep over the tokens that have one here; 0: every slot, as
+  // in TP): the combine sizes its batches by it (combine_role.cuh).
+  float expected_slots = 0.f;
 };
 
 }  // namespace comet::kernels

@@ -167,7 +167,7 @@ TEST(BadInput, ConstructionIsRefusedWithTheReason) {
   lag.dispatch_store_lag = 3;
   expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, lag); }, "1, 2, 4 or 8");
   MoeOptions tile;
-  tile.layer1 = LayerRequest::forced(192, 2);  // compiled for layer 0 only
+  tile.layer1 = LayerRequest::forced(320, 2);  // no kernel has a 320-wide tile
   expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, tile); }, "tile_n must be");
   MoeOptions comm;
   comm.layer0 = LayerRequest::forced(256, 100000);

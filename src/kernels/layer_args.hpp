@@ -42,6 +42,17 @@ struct DispatchArgs {
 };
 
 // Layer 1's comm role (combine_role.cuh).
+// Mean slots with a row on one rank per unit (a token with at least one slot there) under uniform
+// routing: a token's k distinct experts out of E, E / ep of them on the rank's group, so
+// E[slots | >= 1] = (k / ep) / (1 - C(E - E/ep, k) / C(E, k)). 0 (every slot) without expert parallelism.
+inline float expected_slots_per_unit(int topk, int ep, int experts) {
+  if (ep <= 1 || experts < ep || topk <= 0) return 0.f;
+  const int here = experts / ep;
+  double none = 1.0;  // P(no slot on the rank)
+  for (int i = 0; i < topk && none > 0.0; ++i) none *= double(experts - here - i) / double(experts - i);
+  return float(double(topk) / ep / (1.0 - none));
+}
+
 struct CombineArgs {
   const __nv_bfloat16* y;          // expert outputs [rows_cap][H] (this rank's partial over its F shard)
   __nv_bfloat16* const* peer_recv;  // [W] each owner's receive buffer [W][T_cap][H], as seen from here

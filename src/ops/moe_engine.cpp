@@ -5,7 +5,6 @@
 #include "ops/rank_state.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <exception>
 
@@ -495,10 +494,7 @@ kernels::DispatchArgs MoeEngine::dispatch_args(const RankState& s, void* rows, U
 
 kernels::CombineArgs MoeEngine::combine_args(const RankState& s, int tile_n, UnitRange units, bool unit_weights) const {
   const int H = shape_.hidden;
-  // A token's k slots land on this rank's EP group with probability 1/ep each; a unit is a token with
-  // at least one: E[slots | >= 1] = (k / ep) / (1 - (1 - 1/ep)^k). With ep 1 every slot is here.
-  const double p = 1.0 / par_.ep, k = shape_.topk;
-  const float expected_slots = par_.ep > 1 ? float(k * p / (1.0 - std::pow(1.0 - p, k))) : 0.f;
+  const float expected_slots = kernels::expected_slots_per_unit(shape_.topk, par_.ep, shape_.num_experts);  // sizes the combine's batches
   return kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
                               reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, s.rank)),
                               static_cast<__nv_bfloat16*>(s.self_partial),

@@ -63,26 +63,22 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   const auto* peer_recv = reinterpret_cast<const uint64_t*>(c.peer_recv);
   const uint64_t lane_peer = lane < c.world ? peer_recv[lane] : 0;
 
-  // What a batch needs after its loads: per (item b, slot j) pair p = b * k + j, lane p holds the
-  // slice's row, gate and first column; lane b holds item b's destination (column 0 of its chunk).
-  // `valid` has bit p set where slot p has a row here: only those slices are copied and summed, packed
-  // in slot order (with top-8 over many experts most slots have no row on this rank).
-  struct Batch {
-    int count = 0;
-    unsigned valid = 0;
-    int row = -1, col = 0;
-    float gate = 0.f;
-    __nv_bfloat16* dst = nullptr;
-  };
-  // A batch's metadata as loaded from the plan, one batch ahead of its copies: the loads are issued
-  // here and first used by `issue` an iteration later, so their latency passes under the previous
-  // batch's sums and stores instead of in front of every batch (ncu: the metadata loads were the
-  // combine warps' longest stall).
+  // A batch's metadata as loaded from the plan: per (item b, slot j) pair p = b * k + j, lane p holds the
+  // slice's row, gate and first column; lane b holds item b's owner, token and first column. It is
+  // loaded one batch ahead of its copies (`fetch`), so that the loads' latency passes under the previous
+  // batch's sums and stores rather than in front of every batch.
   struct Meta {
     int count = 0;
-    int row = -1, col = 0;  // lanes < count * k: slice (item lane / k, slot lane % k)
+    int row = -1, col = 0;
     float gate = 0.f;
-    int owner = 0, token = 0, chunk_col = 0;  // lanes < count: item lane
+    int owner = 0, token = 0, chunk_col = 0;
+  };
+  // What a batch needs after its copies: lane b holds item b's destination (column 0 of its chunk), and
+  // `valid` has bit p set where slot p has a row here: only those slices are copied and summed, packed
+  // in slot order (with top-8 over many experts most slots have no row on this rank).
+  struct Batch : Meta {
+    unsigned valid = 0;
+    __nv_bfloat16* dst = nullptr;
   };
   const bool narrow = items < (1ll << 31);  // 32-bit item arithmetic (the usual case)
   auto locate = [&](long long item, int& chunk, int& u) {
@@ -119,10 +115,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   // buffer `buf`.
   auto issue = [&](const Meta& m, int buf) {
     Batch b;
-    b.count = m.count;
-    b.row = m.row;
-    b.gate = m.gate;
-    b.col = m.col;
+    static_cast<Meta&>(b) = m;
     const int owner = m.owner;
     const uint64_t via_lane = __shfl_sync(0xffffffffu, lane_peer, owner & 31);
     if (lane < b.count) {

@@ -41,7 +41,6 @@ struct DispatchArgs {
   int store_lag;          // bulk-store groups in flight before a unit is published: 1, 2, 4 or 8
 };
 
-// Layer 1's comm role (combine_role.cuh).
 // Mean slots with a row on one rank per unit (a token with at least one slot there) under uniform
 // routing: a token's k distinct experts out of E, E / ep of them on the rank's group, so
 // E[slots | >= 1] = (k / ep) / (1 - C(E - E/ep, k) / C(E, k)). 0 (every slot) without expert parallelism.
@@ -53,6 +52,7 @@ inline float expected_slots_per_unit(int topk, int ep, int experts) {
   return float(double(topk) / ep / (1.0 - none));
 }
 
+// Layer 1's comm role (combine_role.cuh).
 struct CombineArgs {
   const __nv_bfloat16* y;          // expert outputs [rows_cap][H] (this rank's partial over its F shard)
   __nv_bfloat16* const* peer_recv;  // [W] each owner's receive buffer [W][T_cap][H], as seen from here

@@ -21,6 +21,7 @@
 #include "ptx/bulk_copy.cuh"
 #include "ptx/cp_async.cuh"
 #include "kernels/layer_args.hpp"
+#include "kernels/transport.cuh"
 #include "team/device_wait.cuh"
 
 namespace comet::kernels {
@@ -31,9 +32,12 @@ constexpr int kCombineSlices = 16;
 constexpr int kCombineSliceBytes = 512;  // 256 columns of bf16: 32 lanes x 16 bytes
 
 // Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
-// The launcher checks that smem_bytes holds at least k slices x 2 per warp.
+// The launcher checks that smem_bytes holds at least k slices x 2 per warp. The transport
+// (transport.cuh) ships each partial slice to its owner.
+template <class Transport = PeerTransport>
 __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, Epoch epoch,
-                                        bool wait_done, char* smem, int smem_bytes, const TeamDeviceView& team) {
+                                        bool wait_done, char* smem, int smem_bytes, const TeamDeviceView& team,
+                                        Transport tr = {}) {
   constexpr int kChunk = 256;  // columns per item
   const int k = c.topk;
   const int slices = min(kCombineSlices, smem_bytes / (int(blockDim.x / 32) * 2 * kCombineSliceBytes));
@@ -80,6 +84,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     unsigned valid = 0;
     __nv_bfloat16* dst = nullptr;
   };
+  static_assert(kChunk == 256, "a slice is 32 lanes x 8 columns (transport.cuh: ship)");
   const bool narrow = items < (1ll << 31);  // 32-bit item arithmetic (the usual case)
   auto locate = [&](long long item, int& chunk, int& u) {
     if (narrow) {
@@ -152,8 +157,10 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     const unsigned slot_mask = (1u << k) - 1;  // k <= 16
     int s = 0;  // the slice's place among the batch's valid slices (warp-uniform)
     for (int i = 0; i < b.count; ++i) {
-      const int col = __shfl_sync(0xffffffffu, b.col, i * k) + lane * 8;
+      const int chunk_col = __shfl_sync(0xffffffffu, b.col, i * k);
+      const int col = chunk_col + lane * 8;
       auto* dst = reinterpret_cast<__nv_bfloat16*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(b.dst), i));
+      const int owner = __shfl_sync(0xffffffffu, b.owner, i);
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (unsigned m = (b.valid >> (i * k)) & slot_mask; m != 0; m &= m - 1, src += kCombineSliceBytes, ++s) {
         const int p = i * k + __ffs(m) - 1;
@@ -166,7 +173,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
             accumulate_bf16x8(acc, *reinterpret_cast<const uint4*>(c.y + size_t(row) * c.hidden + col), gate);
         }
       }
-      if (col < c.hidden) *reinterpret_cast<uint4*>(dst + lane * 8) = pack_bf16x8(acc);
+      tr.ship(dst, owner, owner == c.rank, pack_bf16x8(acc), min(kChunk, c.hidden - chunk_col));
     }
   };
 
@@ -174,6 +181,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
   // loading.
   long long t = warp_id;
   if (t >= n_batches) return;
+  tr.begin_combine(warp_id);
   Batch current = issue(fetch(t), 0);
   Meta ahead;
   if (t + n_warps < n_batches) ahead = fetch(t + n_warps);
@@ -192,6 +200,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     current = upcoming;
     t = next;
   }
+  tr.end_combine();
 }
 
 }  // namespace comet::kernels

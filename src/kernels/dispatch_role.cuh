@@ -27,6 +27,7 @@
 
 #include "ptx/bulk_copy.cuh"
 #include "kernels/layer_args.hpp"
+#include "kernels/transport.cuh"
 #include "team/device_wait.cuh"
 
 namespace comet::kernels {
@@ -38,7 +39,8 @@ constexpr int kPrefetchers = 2;      // metadata warps, alternate slots
 constexpr int kMaxStages = 64;       // row stages of all pipelines (loads in flight + stores reading)
 constexpr int kMetaSlots = 4;        // metadata ring: 4 slots x 32 units, shared by the issuers
 constexpr int kMetaSlotUnits = 32;
-constexpr int kMetaWords = 2 + kMaxTopK;  // source row address (2 words), destination rows
+constexpr int kMetaRows = 3;              // metadata words before a unit's destination rows:
+constexpr int kMetaWords = kMetaRows + kMaxTopK;  // source row address (2 words), source rank, rows
 constexpr int kPubSlots = 12;        // publish ring of each issuer: 12 slots
 constexpr int kPubSlotRows = 24;     // of up to 24 destination rows
 constexpr int kPubSlotUnits = 8;     // or 8 units, whichever comes first (tiles wait for their slot)
@@ -105,6 +107,11 @@ __device__ inline bool wait_phase(uint64_t* bar, uint32_t phase, const TeamDevic
                             WaitSite::bulk_copy, index);
 }
 
+// The source row address a prefetcher stored in a unit's metadata.
+__device__ inline const __nv_bfloat16* source_row(const int32_t* meta) {
+  return reinterpret_cast<const __nv_bfloat16*>(uint64_t(uint32_t(meta[0])) | (uint64_t(uint32_t(meta[1])) << 32));
+}
+
 // Bulk-store groups left in flight before a unit counts as complete; a run-time choice among
 // instantiated values because cp.async.bulk.wait_group takes an immediate.
 __device__ __forceinline__ void wait_stores(int lag) {
@@ -150,9 +157,7 @@ __device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride,
   int load_t = 0, load_s = 0, load_i = q;
   auto pull = [&] {
     if (!meta_ready(load_i)) return false;
-    const int32_t* meta = sm.meta(load_i);
-    const auto* src = reinterpret_cast<const __nv_bfloat16*>(uint64_t(uint32_t(meta[0])) |
-                                                             (uint64_t(uint32_t(meta[1])) << 32));
+    const __nv_bfloat16* src = source_row(sm.meta(load_i));
     dev::mbarrier_arrive_expect_tx(bars + load_s, row_bytes);
     dev::bulk_load(stage_rows + size_t(load_s) * row_bytes, src, row_bytes, bars + load_s);
     ++load_t;
@@ -195,7 +200,7 @@ __device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride,
     if (fill_units == 0 && !open_fill()) return false;
     int32_t* slot_rows = sm.pub_slot(q, fill % kPubSlots) + 2;
     for (int j = 0; j < d.topk; ++j) {
-      const int row = meta[2 + j];
+      const int row = meta[kMetaRows + j];
       if (row < 0) continue;
       dev::bulk_store(d.a + size_t(row) * d.hidden, stage_rows + size_t(s) * row_bytes, row_bytes);
       slot_rows[fill_rows++] = row;
@@ -222,6 +227,92 @@ __device__ inline bool issue_pulls(const DispatchArgs& d, int first, int stride,
   return true;
 }
 
+// Issuer q as a whole warp, for transports whose remote reads are calls (Transport::kWarpPulls; e.g.
+// NVSHMEM gets across nodes): per publish slot, the warp starts one get per unit into the unit's first
+// destination row, completes them all (one quiet), copies each row to the unit's other destination
+// rows, then hands the slot to publisher q. Same rings, same publish slots (<= 8 units, <= 24 rows,
+// the last slot ending at the pipeline's last unit) and the same tile counting as issue_pulls; a
+// metadata slot is released once the publish slot that read its last unit of this pipeline is done.
+template <class Transport>
+__device__ inline bool issue_gets(const DispatchArgs& d, int first, int stride, const dispatch::Pipeline pipe,
+                                  const dispatch::Smem& sm, const TeamDeviceView& team, Transport& tr) {
+  using namespace dispatch;
+  const int lane = threadIdx.x % 32;
+  const int q = pipe.q, step = pipe.issuers, count = pipe.count;
+  const uint32_t row_bytes = uint32_t(d.hidden) * sizeof(__nv_bfloat16);
+  const int vectors = d.hidden / 8;  // 16-byte vectors of a row
+
+  int meta_held = 0;
+  auto meta_ready = [&](int i) {  // every lane waits: each reads the slot itself
+    for (; meta_held <= i / kMetaSlotUnits; ++meta_held) {
+      const bool ok = wait_phase(sm.meta_full(meta_held % kMetaSlots), (meta_held / kMetaSlots) & 1, team,
+                                 ring_wait_index(Ring::meta_full, q, meta_held));
+      if (!__all_sync(0xffffffffu, ok)) return false;
+    }
+    return true;
+  };
+
+  for (int slot = 0, t0 = 0; t0 < count; ++slot) {
+    const bool open = slot < kPubSlots || wait_phase(sm.pub_empty(q, slot % kPubSlots), ((slot / kPubSlots) - 1) & 1,
+                                                     team, ring_wait_index(Ring::pub_empty, q, slot));
+    if (!__all_sync(0xffffffffu, open)) return false;
+    int32_t* data = sm.pub_slot(q, slot % kPubSlots);
+    // Units [t0, t1) of this pipeline: gets into each unit's first destination row.
+    int t1 = t0, rows = 0;
+    for (; t1 < count && t1 - t0 < kPubSlotUnits; ++t1) {
+      const int i = q + t1 * step;
+      if (!meta_ready(i)) return false;
+      const int32_t* meta = sm.meta(i);
+      int n = 0, first_row = -1;
+      for (int j = 0; j < d.topk; ++j) {
+        const int row = meta[kMetaRows + j];
+        if (row < 0) continue;
+        if (first_row < 0) first_row = row;
+        ++n;
+      }
+      if (rows + n > kPubSlotRows) break;  // the unit opens the next slot
+      tr.get_row(d.a + size_t(first_row) * d.hidden, source_row(meta), row_bytes, meta[2]);
+      if (lane == 0)
+        for (int j = 0; j < d.topk; ++j)
+          if (meta[kMetaRows + j] >= 0) data[2 + rows++] = meta[kMetaRows + j];
+      rows = __shfl_sync(0xffffffffu, rows, 0);
+    }
+    tr.complete_gets();
+    // A token routed to several of this rank's experts: its other rows are copies of the first.
+    for (int t = t0; t < t1; ++t) {
+      const int32_t* meta = sm.meta(q + t * step);
+      int first_row = -1;
+      for (int j = 0; j < d.topk; ++j) {
+        const int row = meta[kMetaRows + j];
+        if (row < 0) continue;
+        if (first_row < 0) {
+          first_row = row;
+          continue;
+        }
+        const uint4* from = reinterpret_cast<const uint4*>(d.a + size_t(first_row) * d.hidden);
+        uint4* to = reinterpret_cast<uint4*>(d.a + size_t(row) * d.hidden);
+        for (int v = lane; v < vectors; v += 32) to[v] = from[v];
+      }
+    }
+    __threadfence();  // every lane's rows before the hand-over (the publisher's counts release them)
+    __syncwarp();
+    // This pipeline's last unit of a metadata slot: the prefetchers may refill the slot.
+    for (int t = t0; t < t1; ++t) {
+      const int i = q + t * step;
+      if (lane == 0 && i % kMetaSlotUnits >= kMetaSlotUnits - step)
+        dev::mbarrier_arrive(sm.meta_empty((i / kMetaSlotUnits) % kMetaSlots));
+    }
+    if (lane == 0) {
+      data[0] = rows;
+      data[1] = t1 - 1;
+      dev::mbarrier_arrive(sm.pub_full(q, slot % kPubSlots));
+    }
+    __syncwarp();
+    t0 = t1;
+  }
+  return true;
+}
+
 // A prefetcher warp: metadata of the slots p, p + kPrefetchers, ... (32 units each), ahead of the issuers.
 __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int stride, int count, int p,
                                          const dispatch::Smem& sm, const TeamDeviceView& team) {
@@ -241,7 +332,8 @@ __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int s
           reinterpret_cast<uint64_t>(d.peer_x[d.plan.unit_src[u]] + size_t(d.plan.unit_token[u]) * d.hidden);
       meta[0] = int32_t(uint32_t(src));
       meta[1] = int32_t(uint32_t(src >> 32));
-      for (int j = 0; j < d.topk; ++j) meta[2 + j] = d.plan.unit_rows[size_t(u) * d.topk + j];
+      meta[2] = d.plan.unit_src[u];
+      for (int j = 0; j < d.topk; ++j) meta[kMetaRows + j] = d.plan.unit_rows[size_t(u) * d.topk + j];
     }
     dev::mbarrier_arrive(sm.meta_full(s));  // 32 arrivals complete the phase
   }
@@ -283,9 +375,12 @@ __device__ inline void publish_rows(const DispatchArgs& d, const dispatch::Pipel
   }
 }
 
-// Called by every thread of a comm block (at least kWarpsUsed warps).
+// Called by every thread of a comm block (at least kWarpsUsed warps). The transport (transport.cuh)
+// decides how the issuers reach a peer's rows.
+template <class Transport = PeerTransport>
 __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, int n_comm, Epoch epoch,
-                                         char* smem, int smem_bytes, const TeamDeviceView& team) {
+                                         char* smem, int smem_bytes, const TeamDeviceView& team,
+                                         Transport tr = {}) {
   using namespace dispatch;
   const Smem sm{smem};
   const int warp = threadIdx.x / 32;
@@ -295,9 +390,10 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
   const int first = begin + comm_index;
   const int count = max(0, (end - first + n_comm - 1) / n_comm);
-  const int all_stages = row_stages(smem_bytes, d.hidden);
-  const int issuers = issuers_for(all_stages);  // >= 1: the launcher checks all_stages >= 2
-  const int stages = all_stages / issuers;
+  // Warp issuers stage nothing in shared memory: all kIssuers pipelines run.
+  const int all_stages = Transport::kWarpPulls ? kIssuers : row_stages(smem_bytes, d.hidden);
+  const int issuers = Transport::kWarpPulls ? kIssuers : issuers_for(all_stages);  // >= 1: the launcher
+  const int stages = all_stages / issuers;                                          // checks all_stages >= 2
   if (threadIdx.x == 0) {
     for (int s = 0; s < issuers * stages; ++s) dev::mbarrier_init(sm.load_bar(s), 1);
     for (int s = 0; s < kMetaSlots; ++s) {
@@ -314,8 +410,11 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   }
   __syncthreads();
   if (warp < kIssuers) {
-    if (warp < issuers && threadIdx.x % 32 == 0)
+    if constexpr (Transport::kWarpPulls) {
+      if (warp < issuers) issue_gets(d, first, n_comm, Pipeline::of(warp, issuers, count), sm, team, tr);
+    } else if (warp < issuers && threadIdx.x % 32 == 0) {
       issue_pulls(d, first, n_comm, Pipeline::of(warp, issuers, count), stages, sm, team);
+    }
   } else if (warp < 2 * kIssuers) {
     if (warp - kIssuers < issuers) publish_rows(d, Pipeline::of(warp - kIssuers, issuers, count), epoch, sm, team);
   } else if (warp < kWarpsUsed) {

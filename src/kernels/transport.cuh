@@ -1,0 +1,45 @@
+// How the comm roles reach another rank's memory: a transport policy, so that each role (the layer-0
+// pull in dispatch_role.cuh, the layer-1 ship in combine_role.cuh) is written once and the transport is
+// a template argument. Two policies exist:
+//   PeerTransport     (here)                  a peer's buffer is an address this GPU can load from and
+//                                             store to: a CUDA IPC mapping, NVSHMEM's nvshmem_ptr, or
+//                                             mapped host memory (link=host). What every fused kernel uses.
+//   NvshmemTransport  (transport_nvshmem.cuh)  NVSHMEM device calls (get / put to a PE), for peers that
+//                                             no pointer reaches (another node). Needs NVSHMEM's device
+//                                             library, i.e. relocatable device code.
+// What a policy provides:
+//   kWarpPulls        false: layer 0's issuer is one thread that moves a row with a bulk copy through
+//                     shared memory (issue_pulls); true: the issuer is a whole warp that calls get_row
+//                     straight into the gathered buffer and complete_gets per publish slot (issue_gets).
+//   get_row(dst, src, bytes, rank)  (kWarpPulls only) start a warp's copy of a row of rank `rank`.
+//   complete_gets()   (kWarpPulls only) every get this warp started has landed and is visible on the GPU.
+//   begin_combine(warp)  a comm warp starts layer 1's combine (`warp`: its index among all comm warps).
+//   ship(dst, rank, local, v, cols)  the warp's partial slice of `cols` columns (lane l holds columns
+//                     [8l, 8l + 8)) goes to `dst` in rank `rank`'s receive buffer (`local`: dst is this
+//                     rank's own memory).
+//   end_combine()     every slice this warp shipped has landed.
+// Buffer addresses in the role arguments (DispatchArgs::peer_x, CombineArgs::peer_recv) are what the
+// policy needs: the peer's mapped address for PeerTransport, this rank's own symmetric address (the
+// same offset in every PE's heap) for NvshmemTransport.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace comet::kernels {
+
+struct PeerTransport {
+  static constexpr bool kWarpPulls = false;
+
+  __device__ void get_row(void*, const void*, uint32_t, int) {}  // not used: issue_pulls bulk-copies
+  __device__ void complete_gets() {}
+  __device__ void begin_combine(int) {}
+  __device__ void ship(__nv_bfloat16* dst, int, bool, const uint4& v, int cols) {
+    const int lane = threadIdx.x % 32;
+    if (lane * 8 < cols) *reinterpret_cast<uint4*>(dst + lane * 8) = v;  // one 16-byte store a lane
+  }
+  __device__ void end_combine() {}
+};
+
+}  // namespace comet::kernels

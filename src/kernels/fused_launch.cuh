@@ -41,23 +41,25 @@ LaunchLimits resident_limits(Kernel kernel, int smem_bytes, int threads) {
   return lim;
 }
 
-template <class Cfg, class Epi = ActivationStore>
+// Transport (transport.cuh): how the comm blocks reach peers. The fused_tile*.cu entry points are
+// PeerTransport's; src/kernels/nvshmem instantiates NvshmemTransport's.
+template <class Cfg, class Epi = ActivationStore, class Transport = PeerTransport>
 LaunchLimits layer0_limits_for() {
-  return resident_limits(layer0_kernel<Cfg, Epi>, Cfg::kSharedBytes, Cfg::kThreads);
+  return resident_limits(layer0_kernel<Cfg, Epi, Transport>, Cfg::kSharedBytes, Cfg::kThreads);
 }
-template <class Cfg>
+template <class Cfg, class Transport = PeerTransport>
 LaunchLimits layer1_limits_for() {
-  return resident_limits(layer1_kernel<Cfg>, Cfg::kSharedBytes, Cfg::kThreads);
+  return resident_limits(layer1_kernel<Cfg, Transport>, Cfg::kSharedBytes, Cfg::kThreads);
 }
 
 // Whether a compiled kernel can run a launch: empty, or why not (checked before every launch, so a
 // request no kernel can serve is an InvalidArgument, not a fault).
-template <class Cfg>
+template <class Cfg, class Transport = PeerTransport>
 std::string layer0_can_implement(const DispatchArgs& d, int n, int experts, const KernelSplit& split) {
   // The comm blocks stage rows in the GEMM's shared memory: a pipeline needs two stages (one row
-  // loading while the other is stored).
+  // loading while the other is stored). Warp issuers (NVSHMEM gets) stage nothing.
   const int stages = dispatch::row_stages(Cfg::kSharedBytes, d.hidden);
-  if (split.n_comm > 0 && stages < 2)
+  if (!Transport::kWarpPulls && split.n_comm > 0 && stages < 2)
     return detail::concat("fused layer 0: rows of ", d.hidden, " values leave ", stages,
                           " bulk-copy stages in shared memory, the comm blocks need 2");
   if (d.store_lag != 1 && d.store_lag != 2 && d.store_lag != 4 && d.store_lag != dispatch::kMaxStoreLag)
@@ -66,13 +68,13 @@ std::string layer0_can_implement(const DispatchArgs& d, int n, int experts, cons
     return detail::concat("fused layer 0: H (", d.hidden, ") and N (", n, ") must be multiples of 8, experts > 0");
   return {};
 }
-template <class Cfg>
+template <class Cfg, class Transport = PeerTransport>
 std::string layer0_can_implement(const Layer0Launch& l, const KernelSplit& split) {
   // The epilogue stores 16-byte units of 8 output columns (epilogue.cuh: store_tile).
   if (l.hid_ld % 8 != 0 || (l.act == EpilogueOp::swiglu && l.n0 % 16 != 0))
     return detail::concat("fused layer 0: the hidden rows' stride (", l.hid_ld, ") must be a multiple of 8 and, for ",
                           "swiglu, N (", l.n0, ") a multiple of 16");
-  return layer0_can_implement<Cfg>(l.dispatch, l.n0, l.experts, split);
+  return layer0_can_implement<Cfg, Transport>(l.dispatch, l.n0, l.experts, split);
 }
 
 template <class Cfg>
@@ -90,31 +92,32 @@ std::string layer1_can_implement(const Layer1Launch& l, const KernelSplit& split
 }
 
 // Layer 0's kernel: dispatch into A (d.a) + A B_e (the mainloop's operands, over ext) + the epilogue.
-template <class Cfg, class Epi>
+template <class Cfg, class Epi, class Transport = PeerTransport>
 void launch_layer0_kernel(const DispatchArgs& d, const typename Cfg::MainloopParams& mainloop, const GemmExtents& ext,
-                          const Epi& epi, const GridSplit& split, cudaStream_t stream) {
-  const LaunchLimits lim = layer0_limits_for<Cfg, Epi>();
-  Layer0Params<Cfg, Epi> p{};
+                          const Epi& epi, const GridSplit& split, cudaStream_t stream, const Transport& tr = {}) {
+  const LaunchLimits lim = layer0_limits_for<Cfg, Epi, Transport>();
+  Layer0Params<Cfg, Epi, Transport> p{};
   p.ext = ext;
   p.mainloop = mainloop;
   p.dispatch = d;
   p.epi = epi;
   p.split = kernel_split(split, lim, Cfg::kSharedBytes);
-  const std::string why = layer0_can_implement<Cfg>(d, ext.n, ext.experts, p.split);
+  p.transport = tr;
+  const std::string why = layer0_can_implement<Cfg, Transport>(d, ext.n, ext.experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
-  layer0_kernel<Cfg, Epi><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
+  layer0_kernel<Cfg, Epi, Transport><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
   COMET_CUDA_CHECK_LAUNCH();
 }
 
 // bf16 A [rows_cap][H] and B [experts] x (n0, H).
-template <class Cfg>
-void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream) {
+template <class Cfg, class Transport = PeerTransport>
+void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream, const Transport& tr = {}) {
   const ActivationStore epi{l.act, static_cast<__nv_bfloat16*>(l.hid), l.hid_ld, l.n0, static_cast<__nv_bfloat16*>(l.pre)};
   const DispatchArgs& d = l.dispatch;
   launch_layer0_kernel<Cfg>(d, Cfg::make_params(d.a, l.rows_cap, d.hidden, l.w0, l.n0, l.experts),
-                            GemmExtents{l.rows_cap, l.n0, d.hidden, l.experts}, epi, l.split, stream);
+                            GemmExtents{l.rows_cap, l.n0, d.hidden, l.experts}, epi, l.split, stream, tr);
 }
 
 // fp8: A holds token records (comet/fp8.hpp; the dispatch moves them as rows of record_bytes / 2
@@ -137,29 +140,31 @@ void launch_layer0_fp8_for(const Layer0Launch& l, cudaStream_t stream) {
 }
 
 // Layer 1's kernel: y = A B_e with A [rows_cap][k], B [experts] x (H, k), + the combine of y.
-template <class Cfg>
+template <class Cfg, class Transport = PeerTransport>
 void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int rows_cap, void* y, Epoch* tile_done,
-                          const CombineArgs& combine, const GridSplit& split, cudaStream_t stream) {
-  const LaunchLimits lim = layer1_limits_for<Cfg>();
-  Layer1Params<Cfg> p{};
+                          const CombineArgs& combine, const GridSplit& split, cudaStream_t stream,
+                          const Transport& tr = {}) {
+  const LaunchLimits lim = layer1_limits_for<Cfg, Transport>();
+  Layer1Params<Cfg, Transport> p{};
   p.ext = GemmExtents{rows_cap, combine.hidden, k, experts};
   p.mainloop = Cfg::make_params(a, rows_cap, k, b, combine.hidden, experts);
   p.combine = combine;
   p.y = static_cast<__nv_bfloat16*>(y);
   p.tile_done = tile_done;
   p.split = kernel_split(split, lim, Cfg::kSharedBytes);
+  p.transport = tr;
   const std::string why = layer1_can_implement<Cfg>(combine.topk, k, experts, p.split);
   COMET_REQUIRE(why.empty(), why);
   const int grid = p.split.n_comm + p.split.n_compute;
   if (grid == 0) return;
-  layer1_kernel<Cfg><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
+  layer1_kernel<Cfg, Transport><<<grid, Cfg::kThreads, Cfg::kSharedBytes, stream>>>(p);
   COMET_CUDA_CHECK_LAUNCH();
 }
 
-template <class Cfg>
-void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream) {
+template <class Cfg, class Transport = PeerTransport>
+void launch_layer1_for(const Layer1Launch& l, cudaStream_t stream, const Transport& tr = {}) {
   launch_layer1_kernel<Cfg>(l.hid, l.ffn_shard, l.w1, l.experts, l.rows_cap, l.y, l.tile_done, l.combine, l.split,
-                            stream);
+                            stream, tr);
 }
 
 template <int TileN>

@@ -22,13 +22,15 @@ namespace comet::kernels {
 // Epi: what the compute blocks do with a finished tile: the forward's activation (epilogue.cuh:
 // ActivationStore, B = W0), or for the backward of layer 1 (B = W1 read N-major) D stored as bf16
 // (ActivationStore without activation) or the activation's backward (activation_grad_epilogue.cuh).
-template <class Cfg, class Epi>
+// Transport: how the comm blocks reach a peer's rows (transport.cuh).
+template <class Cfg, class Epi, class Transport = PeerTransport>
 struct Layer0Params {
   typename Cfg::MainloopParams mainloop;
   GemmExtents ext;  // rows_cap, n = W0 rows (backward: F/tp), k = H, experts
   DispatchArgs dispatch;
   Epi epi;
   KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
+  Transport transport;
 };
 
 // Work w -> (M-tile, N-block): groups of m_group consecutive entries of tile_order, and inside a group
@@ -53,9 +55,9 @@ struct Layer0Schedule {
   }
 };
 
-template <class Cfg, class Epi>
+template <class Cfg, class Epi, class Transport>
 struct Layer0Hooks {
-  const Layer0Params<Cfg, Epi>& p;
+  const Layer0Params<Cfg, Epi, Transport>& p;
   Epoch epoch;
 
   // Whole producer warp: lane 0 waits for the tile's remote rows; then every lane orders its later
@@ -76,19 +78,21 @@ struct Layer0Hooks {
   }
 };
 
-template <class Cfg, class Epi>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) layer0_kernel(const __grid_constant__ Layer0Params<Cfg, Epi> p) {
+template <class Cfg, class Epi, class Transport = PeerTransport>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    layer0_kernel(const __grid_constant__ Layer0Params<Cfg, Epi, Transport> p) {
   static_assert(Cfg::kThreads / 32 >= dispatch::kWarpsUsed, "a comm block needs the dispatch role's warps");
   extern __shared__ __align__(1024) char smem[];
   const Epoch epoch = *p.split.epoch;
   const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
   if (int(blockIdx.x) < n_comm) {
-    run_dispatch_role(p.dispatch, blockIdx.x, n_comm, epoch, smem, p.split.smem_bytes, p.split.team);
+    run_dispatch_role<Transport>(p.dispatch, blockIdx.x, n_comm, epoch, smem, p.split.smem_bytes, p.split.team,
+                                 p.transport);
     return;
   }
   const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group, p.split.waits};
-  Layer0Hooks<Cfg, Epi> hooks{p, epoch};
+  Layer0Hooks<Cfg, Epi, Transport> hooks{p, epoch};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 

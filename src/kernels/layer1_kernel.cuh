@@ -17,7 +17,8 @@
 
 namespace comet::kernels {
 
-template <class Cfg>
+// Transport: how the comm blocks ship slices to their owners (transport.cuh).
+template <class Cfg, class Transport = PeerTransport>
 struct Layer1Params {
   typename Cfg::MainloopParams mainloop;
   GemmExtents ext;  // rows_cap, n = H, k = F shard, experts
@@ -25,6 +26,7 @@ struct Layer1Params {
   __nv_bfloat16* y;
   Epoch* tile_done;
   KernelSplit split;  // roles, generation, groups (fused_launch.cuh: kernel_split)
+  Transport transport;
 };
 
 // Work w -> (M-tile, N-block): column groups of n_group blocks, in order (the comm blocks ship column
@@ -49,9 +51,9 @@ struct Layer1Schedule {
   }
 };
 
-template <class Cfg>
+template <class Cfg, class Transport>
 struct Layer1Hooks {
-  const Layer1Params<Cfg>& p;
+  const Layer1Params<Cfg, Transport>& p;
   Epoch epoch;
   int n_blocks;
 
@@ -68,19 +70,21 @@ struct Layer1Hooks {
   }
 };
 
-template <class Cfg>
-__global__ void __launch_bounds__(Cfg::kThreads, 1) layer1_kernel(const __grid_constant__ Layer1Params<Cfg> p) {
+template <class Cfg, class Transport = PeerTransport>
+__global__ void __launch_bounds__(Cfg::kThreads, 1)
+    layer1_kernel(const __grid_constant__ Layer1Params<Cfg, Transport> p) {
   extern __shared__ __align__(1024) char smem[];
   const Epoch epoch = *p.split.epoch;
   const int n_comm = adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
   if (int(blockIdx.x) < n_comm) {
-    run_combine_role(p.combine, blockIdx.x, n_comm, epoch, p.split.waits, smem, p.split.smem_bytes, p.split.team);
+    run_combine_role<Transport>(p.combine, blockIdx.x, n_comm, epoch, p.split.waits, smem, p.split.smem_bytes,
+                                p.split.team, p.transport);
     return;
   }
   const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
   const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
-  Layer1Hooks<Cfg> hooks{p, epoch, n_blocks};
+  Layer1Hooks<Cfg, Transport> hooks{p, epoch, n_blocks};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 

@@ -1,6 +1,13 @@
 // NvshmemTransport (transport.cuh has the policy's contract): the comm roles' remote accesses as
-// NVSHMEM device calls, for peers no pointer reaches. Only translation units built with relocatable
-// device code and linked with NVSHMEM's device library include this (COMET_NVSHMEM_DEVICE).
+// NVSHMEM device calls, for peers no pointer reaches.
+//
+// How it is built (measured with ptxas on the fused kernels, docs/nvshmem.md): NOT as relocatable
+// device code. Compiled with -rdc, ptxas drops setmaxnreg and serialises every wgmma of a kernel with
+// a call it cannot see (NVSHMEM's quiet, its proxy path, or anything else: even our own kernels
+// without a call are compiled that way under -rdc). So NVSHMEM's device API is fully inlined here
+// (NVSHMEM_ENABLE_ALL_DEVICE_INLINING), each translation unit that includes this gets its own copy of
+// NVSHMEM's device state, and the host binds it once per module with nvshmemx_culibrary_init
+// (kernels/nvshmem/fused_nvshmem.hpp: bind_device_state). No device library is linked.
 //
 // Layer 0: the issuer warp gets a unit's row from its owner's symmetric x straight into the unit's
 //   first row of the gathered buffer (nvshmemx_getmem_nbi_warp); one quiet per publish slot (up to 8
@@ -15,6 +22,10 @@
 #pragma once
 
 #include <cuda_bf16.h>
+
+#ifndef NVSHMEM_ENABLE_ALL_DEVICE_INLINING
+#define NVSHMEM_ENABLE_ALL_DEVICE_INLINING  // see above: no calls in the fused kernels
+#endif
 #include <nvshmem.h>
 #include <nvshmemx.h>
 

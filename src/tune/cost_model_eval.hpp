@@ -37,7 +37,11 @@ COMET_HD inline double cost_predict_ms(const CostModel& m, const LayerWork& w, i
   if (w.comm_units > 0) {
     const double t_blocks = w.comm_units * cost_unit_us(m, w) / (n_comm == 0 ? sms : n_comm) * 1e-3;
     const double t_link = w.link_bytes / (m.link_gbps * 1e9) * 1e3;
-    t_comm = ::pow(::pow(t_blocks, 4.0) + ::pow(t_link, 4.0), 0.25);
+    // The 4-norm of the two limits (a soft max), with square roots rather than pow: pow is a call in
+    // device code, and a call keeps ptxas from keeping the fused kernels' wgmma pipelined when they
+    // are compiled as relocatable code (the NVSHMEM transport's build).
+    const double b2 = t_blocks * t_blocks, l2 = t_link * t_link;
+    t_comm = ::sqrt(::sqrt(b2 * b2 + l2 * l2));
   }
   if (n_comm == 0) return t_gemm + t_comm;
   return max_d(t_gemm, t_comm) + m.overlap_penalty * min_d(t_gemm, t_comm);

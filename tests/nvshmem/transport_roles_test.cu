@@ -19,9 +19,9 @@
 //                                                 77 = no GPU (skipped), else the failures are printed.
 // NVSHMEM's host library is found through the loader (the build's rpath to .deps/nvshmem/lib, or
 // LD_LIBRARY_PATH); its bootstrap plugin next to it, unless NVSHMEM_BOOTSTRAP_PLUGIN says otherwise.
+// No NVSHMEM device library: the device API is inlined (transport_nvshmem.cuh) and each module's
+// device state bound with nvshmemx_culibrary_init after the host library's initialisation.
 #include <cuda_runtime.h>
-#include <nvshmem.h>
-#include <nvshmemx.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +32,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <random>
 #include <string>
@@ -42,7 +43,9 @@
 #include "comet/plan.hpp"
 #include "kernels/combine_role.cuh"
 #include "kernels/dispatch_role.cuh"
-#include "kernels/transport_nvshmem.cuh"
+#include "kernels/fused_layers.hpp"
+#include "kernels/nvshmem/fused_nvshmem.hpp"
+#include "kernels/transport_nvshmem.cuh"  // NVSHMEM's headers, with its device API inlined
 
 namespace comet {
 namespace {
@@ -64,6 +67,7 @@ struct Case {
   const char* name;
   int hidden, experts, topk, tokens, tp;
   Routing routing;
+  bool fused = false;  // also the fused layers (tile 128x256: H a multiple of 256)
 };
 
 // Every rank's top-k from the case's seed: distinct experts, gates in (0, 1).
@@ -171,6 +175,136 @@ struct Failures {
   }
 };
 
+// ---- the fused layers (one GEMM + comm kernel each), both transports --------------------------------
+// Layer 0: A holds the local units' rows (what the scatter kernel puts there), the comm blocks pull the
+// remote ones, the compute blocks run swiglu(A W0_e^T) into hid. Layer 1: hid W1_e^T into Y while the
+// comm blocks combine Y's finished column blocks into the owners. The peer-pointer run is comet's
+// product path (launch_layer0 / launch_layer1, checked against the CPU reference by the GPU suite);
+// the NVSHMEM run must give the same bits: hid, A, each receive buffer and the self partial.
+constexpr int kFusedCommBlocks[2] = {4, 3};  // [peer, nvshmem]
+constexpr int kFusedFfn = 512;
+
+void run_fused(const Case& c, const Config& cfg, const PlanView& hp, const kernels::DispatchArgs& d0,
+               const kernels::CombineArgs& cb0, __nv_bfloat16* x, __nv_bfloat16* a, __nv_bfloat16* recv,
+               __nv_bfloat16* staging, const TeamDeviceView& team, kernels::Epoch& epoch, float (&ms)[2][2],
+               Failures& fail) {
+  const int H = c.hidden, F = kFusedFfn, n0 = 2 * F, k = c.topk, world = cfg.world, T = cfg.max_tokens;
+  const int experts = c.experts / cfg.plan.par.ep, rows_cap = cfg.plan.cap.max_rows;
+  const int max_tiles = rows_cap / 128, n_blocks = H / kernels::nvshmem::kTileN;
+  const int pe = cfg.plan.rank;
+  // Weights: small values, so that hid and Y stay in bf16's comfortable range.
+  std::vector<bf16_bits> w0(size_t(experts) * n0 * H), w1(size_t(experts) * H * F);
+  for (size_t i = 0; i < w0.size(); ++i) w0[i] = float_to_bf16(bf16_to_float(value(7, uint32_t(i), 0, 3)) * 0.05f);
+  for (size_t i = 0; i < w1.size(); ++i) w1[i] = float_to_bf16(bf16_to_float(value(9, uint32_t(i), 0, 4)) * 0.05f);
+  const bf16_bits* dw0 = device_copy(w0);
+  const bf16_bits* dw1 = device_copy(w1);
+  auto* hid = device_alloc<__nv_bfloat16>(size_t(rows_cap) * F);
+  auto* y = device_alloc<__nv_bfloat16>(size_t(rows_cap) * H);
+  auto* self_partial = device_alloc<__nv_bfloat16>(size_t(T) * H);
+  kernels::Epoch* tile_done = device_copy(std::vector<kernels::Epoch>(size_t(max_tiles) * n_blocks, 0));
+  kernels::Epoch* d_epoch = device_alloc<kernels::Epoch>(1);
+  // The local units' rows of A, as the scatter kernel leaves them.
+  std::vector<bf16_bits> a_local(size_t(rows_cap) * H, 0);
+  for (int u = 0; u < *hp.num_local_units; ++u)
+    for (int j = 0; j < k; ++j) {
+      const int row = hp.unit_rows[size_t(u) * k + j];
+      if (row >= 0)
+        for (int col = 0; col < H; ++col) a_local[size_t(row) * H + col] = value(pe, hp.unit_token[u], col, 1);
+    }
+
+  std::vector<bf16_bits> hid_out[2], a_out[2], recv_out[2], self_out[2];
+  for (int tr = 0; tr < 2; ++tr) {
+    kernels::GridSplit split;
+    split.epoch = d_epoch;
+    split.n_comm = kFusedCommBlocks[tr];
+    split.m_group = 4;
+    split.n_group = 1;
+    split.mode = kernels::Mode::fused;
+    split.team = team;
+    kernels::Layer0Launch l0;
+    l0.tile_n = kernels::nvshmem::kTileN;
+    l0.hidden = H;
+    l0.w0 = dw0;
+    l0.n0 = n0;
+    l0.experts = experts;
+    l0.rows_cap = rows_cap;
+    l0.hid = hid;
+    l0.hid_ld = F;
+    l0.act = kernels::EpilogueOp::swiglu;
+    l0.dispatch = d0;  // peer_x as the role runs left it: set below per transport
+    l0.split = split;
+    kernels::Layer1Launch l1;
+    l1.tile_n = kernels::nvshmem::kTileN;
+    l1.hid = hid;
+    l1.ffn_shard = F;
+    l1.w1 = dw1;
+    l1.experts = experts;
+    l1.rows_cap = rows_cap;
+    l1.y = y;
+    l1.tile_done = tile_done;
+    l1.combine = cb0;
+    l1.combine.y = y;
+    l1.combine.self_partial = self_partial;
+    l1.combine.tile_n = kernels::nvshmem::kTileN;
+    l1.combine.n_blocks = n_blocks;
+    l1.split = split;
+    // The transports' addresses: peer pointers from nvshmem_ptr, or this PE's own symmetric ones.
+    std::vector<const __nv_bfloat16*> px(world);
+    std::vector<__nv_bfloat16*> pr(world);
+    for (int r = 0; r < world; ++r) {
+      px[r] = tr == 0 ? static_cast<const __nv_bfloat16*>(nvshmem_ptr(x, r)) : x;
+      pr[r] = tr == 0 ? static_cast<__nv_bfloat16*>(nvshmem_ptr(recv, r)) : recv;
+    }
+    l0.dispatch.peer_x = device_copy(px);
+    l1.combine.peer_recv = device_copy(pr);
+    const kernels::nvshmem::TransportArgs targs{0, staging};
+
+    PE_CUDA(cudaMemcpy(a, a_local.data(), a_local.size() * 2, cudaMemcpyHostToDevice));
+    PE_CUDA(cudaMemset(hid, 0, size_t(rows_cap) * F * 2));
+    PE_CUDA(cudaMemset(recv, 0, size_t(world) * T * H * 2));
+    PE_CUDA(cudaMemset(self_partial, 0, size_t(T) * H * 2));
+    PE_CUDA(cudaDeviceSynchronize());
+    nvshmem_barrier_all();
+    cudaEvent_t ev[3];
+    for (auto& e : ev) PE_CUDA(cudaEventCreate(&e));
+    ++epoch;
+    PE_CUDA(cudaMemcpy(d_epoch, &epoch, sizeof(epoch), cudaMemcpyHostToDevice));
+    PE_CUDA(cudaEventRecord(ev[0]));
+    if (tr == 0)
+      kernels::launch_layer0(l0, nullptr);
+    else
+      kernels::nvshmem::launch_layer0(l0, targs, nullptr);
+    PE_CUDA(cudaEventRecord(ev[1]));
+    if (tr == 0)
+      kernels::launch_layer1(l1, nullptr);
+    else
+      kernels::nvshmem::launch_layer1(l1, targs, nullptr);
+    PE_CUDA(cudaEventRecord(ev[2]));
+    PE_CUDA(cudaEventSynchronize(ev[2]));
+    PE_CUDA(cudaEventElapsedTime(&ms[0][tr], ev[0], ev[1]));
+    PE_CUDA(cudaEventElapsedTime(&ms[1][tr], ev[1], ev[2]));
+    for (auto& e : ev) PE_CUDA(cudaEventDestroy(e));
+    const DeviceStatus st = host_copy(team.status, 1)[0];
+    if (st.code != 0)
+      fail.add(std::string("fused (") + (tr ? "nvshmem" : "peer") + "): device status code " + std::to_string(st.code) +
+               " site " + std::to_string(st.site) + " index " + std::to_string(st.index));
+    nvshmem_barrier_all();  // every rank's layer 1 has shipped
+    hid_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(hid), size_t(rows_cap) * F);
+    a_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(a), size_t(rows_cap) * H);
+    recv_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(recv), size_t(world) * T * H);
+    self_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(self_partial), size_t(T) * H);
+  }
+  // The peer run did real work (rows of hid are not all zero where A has rows), and the NVSHMEM run
+  // gave the same bits everywhere.
+  long long nonzero = 0;
+  for (bf16_bits v : hid_out[0]) nonzero += (v & 0x7fff) != 0;
+  if (hp.expert_offset[experts] > 0 && nonzero == 0) fail.add("fused (peer): hid is all zero");
+  if (a_out[0] != a_out[1]) fail.add("fused layer 0: A differs between the transports");
+  if (hid_out[0] != hid_out[1]) fail.add("fused layer 0: hid differs between the transports");
+  if (recv_out[0] != recv_out[1]) fail.add("fused layer 1: the receive buffer differs between the transports");
+  if (self_out[0] != self_out[1]) fail.add("fused layer 1: the self partial differs between the transports");
+}
+
 // ---- one case on this PE -------------------------------------------------------------------------
 bool run_case(const Case& c, int pe, int world) {
   const Config cfg = config_of(c, world, pe);
@@ -202,8 +336,10 @@ bool run_case(const Case& c, int pe, int world) {
   auto* x = static_cast<__nv_bfloat16*>(nvshmem_malloc(size_t(T) * H * 2));
   auto* a = static_cast<__nv_bfloat16*>(nvshmem_malloc(size_t(rows_cap) * H * 2));
   auto* recv = static_cast<__nv_bfloat16*>(nvshmem_malloc(size_t(world) * T * H * 2));
-  auto* staging = static_cast<__nv_bfloat16*>(
-      nvshmem_malloc(kernels::NvshmemTransport::staging_bytes(combine_blocks[1] * kCombineThreads / 32)));
+  const size_t staging_bytes =
+      std::max(kernels::NvshmemTransport::staging_bytes(combine_blocks[1] * kCombineThreads / 32),
+               kernels::nvshmem::staging_bytes(kFusedCommBlocks[1]));
+  auto* staging = static_cast<__nv_bfloat16*>(nvshmem_malloc(staging_bytes));
   if (!x || !a || !recv || !staging) {
     std::printf("pe %d: nvshmem_malloc failed\n", pe);
     return false;
@@ -412,6 +548,9 @@ bool run_case(const Case& c, int pe, int world) {
   if (recv_out[0] != recv_out[1] || self_out[0] != self_out[1])
     fail.add("combine: the NVSHMEM transport's output differs from the peer pointers' (not bitwise equal)");
 
+  float fused_ms[2][2] = {};
+  if (c.fused) run_fused(c, cfg, hp, d, cb, x, a, recv, staging, team, epoch, fused_ms, fail);
+
   // Rates per comm block (the two runs have different block counts): MB / ms / blocks = GB/s a block.
   const double pulled_mb = double(pulled_rows) * row_bytes / 1e6, shipped_mb = double(shipped_slices) * 512 / 1e6;
   auto per_block = [](double mb, float ms, int blocks) { return ms > 0 ? mb / ms / blocks : 0.0; };
@@ -421,6 +560,9 @@ bool run_case(const Case& c, int pe, int world) {
               dispatch_ms[1] * 1e3, per_block(pulled_mb, dispatch_ms[1], dispatch_blocks[1]), shipped_mb,
               combine_ms[0] * 1e3, per_block(shipped_mb, combine_ms[0], combine_blocks[0]), combine_ms[1] * 1e3,
               per_block(shipped_mb, combine_ms[1], combine_blocks[1]), fail.what.empty() ? "ok" : "FAIL");
+  if (c.fused)
+    std::printf("pe %d %-20s fused layer 0: peer %.1f us, nvshmem %.1f us | fused layer 1: peer %.1f us, nvshmem %.1f us\n",
+                pe, c.name, fused_ms[0][0] * 1e3, fused_ms[0][1] * 1e3, fused_ms[1][0] * 1e3, fused_ms[1][1] * 1e3);
   for (const auto& w : fail.what) std::printf("pe %d %s: %s\n", pe, c.name, w.c_str());
   std::fflush(stdout);
 
@@ -436,13 +578,13 @@ bool run_case(const Case& c, int pe, int world) {
 
 std::vector<Case> cases_for(int world) {
   std::vector<Case> cs = {
-      {"ep_top2_h1024", 1024, 4 * world, 2, 300, 1, Routing::uniform},
+      {"ep_top2_h1024", 1024, 4 * world, 2, 300, 1, Routing::uniform, true},
       {"ep_top8_h1000", 1000, 8 * world, 8, 200, 1, Routing::uniform},
-      {"ep_top1_one_group", 512, 2 * world, 1, 150, 1, Routing::one_group},
+      {"ep_top1_one_group", 512, 2 * world, 1, 150, 1, Routing::one_group, true},
       {"ep_top8_one_group", 768, 8 * world, 8, 130, 1, Routing::one_group},
-      {"ep_top2_empty_rank", 1024, 4 * world, 2, 257, 1, Routing::empty_rank},
+      {"ep_top2_empty_rank", 1024, 4 * world, 2, 257, 1, Routing::empty_rank, true},
   };
-  if (world % 2 == 0) cs.push_back({"ep_tp2_top4", 1024, 4 * world, 4, 200, 2, Routing::uniform});
+  if (world % 2 == 0) cs.push_back({"ep_tp2_top4", 1024, 4 * world, 4, 200, 2, Routing::uniform, true});
   return cs;
 }
 
@@ -467,10 +609,20 @@ int run_pe(int pe, int world, const std::string& id_path) {
   }
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
   nvshmemx_set_attr_uniqueid_args(pe, world, &id, &attr);
-  nvshmemx_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr);  // host and device state (relocatable code)
+  // The host library alone, as SymmetricHeap::nvshmem initialises it; then each module whose kernels
+  // call NVSHMEM gets its device state: this file's role kernels and comet's fused kernels.
+  if (nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) != 0) return 8;
+  try {
+    kernels::nvshmem::bind_device_state(reinterpret_cast<const void*>(dispatch_kernel<kernels::NvshmemTransport>),
+                                        nvshmemx_culibrary_init);
+    kernels::nvshmem::bind_fused_kernels(nvshmemx_culibrary_init);
+  } catch (const std::exception& e) {
+    std::printf("pe %d: %s\n", pe, e.what());
+    return 9;
+  }
   int failed = 0;
   for (const Case& c : cases_for(world)) failed += !run_case(c, pe, world);
-  nvshmem_finalize();
+  nvshmemx_hostlib_finalize();
   return failed ? 7 : 0;
 }
 

@@ -38,6 +38,16 @@ struct DeviceAllocator {
   std::function<void(void* ptr)> release;
 };
 
+// How the comm blocks reach the peers' buffers.
+//   peer     loads, stores and bulk copies through peer pointers (CUDA IPC, NVSHMEM's nvshmem_ptr or
+//            mapped host memory): every layer, tile and dtype, and the backward.
+//   nvshmem  NVSHMEM's device gets and puts to PEs (issue 19; for peers that no pointer reaches, across
+//            nodes). Needs an IpcTeam on NVSHMEM's heap (SymmetricHeap::nvshmem) and a build with
+//            NVSHMEM's headers; so far the forward's bf16 layers with 128 x 256 tiles only (training, e4m3
+//            and other tiles are refused at construction). docs/nvshmem.md.
+enum class DeviceTransport : int { peer = 0, nvshmem = 1 };
+inline const char* to_string(DeviceTransport t) { return t == DeviceTransport::nvshmem ? "nvshmem" : "peer"; }
+
 struct MoeOptions {
   // What to force in each layer's launches; every field left empty is the tuner's choice. The backward
   // follows them (its layer-1 backward runs layer 0's kernel, and the reverse), except a tile of 192,
@@ -72,6 +82,7 @@ struct MoeOptions {
   // no gathered rows, hidden, expert outputs, flags or plan. For benchmarks that time one of W virtual
   // ranks on one GPU; the whole-layer calls (forward, backward) need every local rank to compute.
   std::vector<int> compute_ranks;
+  DeviceTransport transport = DeviceTransport::peer;  // see DeviceTransport
 };
 
 // Element type of the expert ids a caller passes (torch.topk gives int64).

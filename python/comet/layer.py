@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import weights as W
-from .ops import FusedMoE, check_fp8_layer, quantize_weights_e4m3, stacked
+from .ops import FusedMoE, check_fp8_layer, check_transport, quantize_weights_e4m3, stacked
 from .team import Team
 
 
@@ -79,6 +79,8 @@ class MoELayer(nn.Module):
     fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE).
     weight_grad_kernel: which GEMM makes the weight gradients (comet.FusedMoE): "auto" (default, the
     planner's rule by shape), "persistent", "grouped" or "grouped_cooperative"; all give the same bits.
+    transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
+    training=False, bf16: comet.FusedMoE).
 
     fp8 (dtype=torch.float8_e4m3fn; issue 17): layer 0's GEMM runs in e4m3 with fp32 accumulation. The
     tokens stay bf16 in and out: each rank quantises its own tokens inside the layer, once per forward,
@@ -101,7 +103,7 @@ class MoELayer(nn.Module):
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: Optional[bool] = None, fused_activation_grad: bool = False,
-                 weight_grad_kernel: str = "auto"):
+                 weight_grad_kernel: str = "auto", transport: str = "peer"):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "
@@ -111,6 +113,7 @@ class MoELayer(nn.Module):
             training = not fp8
         if fp8:  # before a team is made: the refusal needs no GPU
             check_fp8_layer("MoELayer", training, hidden_size)
+        check_transport("MoELayer", transport, training, fp8)
         self.team = team or Team.local(1)
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,
@@ -119,7 +122,7 @@ class MoELayer(nn.Module):
                                adaptive_split=adaptive_split, batch_invariant=batch_invariant,
                                checking=checking, training=training, dtype="e4m3" if fp8 else "bf16",
                                fused_activation_grad=fused_activation_grad,
-                               weight_grad_kernel=weight_grad_kernel)
+                               weight_grad_kernel=weight_grad_kernel, transport=transport)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         self.expert_dtype, self.fp8 = dtype, fp8

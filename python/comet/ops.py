@@ -84,6 +84,16 @@ class _Registered:
 
 
 _WEIGHT_GRAD_KERNELS = ("auto", "persistent", "grouped", "grouped_cooperative")  # BackwardOptions::weight_grad_kernel
+_TRANSPORTS = ("peer", "nvshmem")  # MoeOptions::transport
+
+
+def check_transport(where: str, transport: str, training: bool, fp8: bool) -> None:
+    """Refuses a transport the layer cannot run, before a team or a GPU is touched."""
+    if transport not in _TRANSPORTS:
+        raise ValueError(f"{where}: transport must be one of {_TRANSPORTS}, got {transport!r}")
+    if transport == "nvshmem" and (training or fp8):
+        raise ValueError(f"{where}: transport='nvshmem' runs the forward's bf16 layers only so far: build it with "
+                         f"training=False and a bf16 layer 0 (or transport='peer')")
 _registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
@@ -134,6 +144,10 @@ class FusedMoE:
       epilogue (BackwardOptions::fused_activation: no second pass over D; the same dx and weight
       gradients bit for bit, the gate gradients summed in another order). Off by default: on the H200 it
       was under 1 % faster in the median, inside the noise.
+    transport: how the comm blocks reach the peers' buffers (MoeOptions::transport). "peer" (default):
+      loads, stores and bulk copies through peer pointers, every layer and option. "nvshmem": NVSHMEM's
+      device gets and puts, for peers no pointer reaches (across nodes); needs a team on NVSHMEM's heap
+      (Team.from_process_group(heap="nvshmem")), training=False, bf16, and runs 128 x 256 tiles only.
     weight_grad_kernel: the GEMM of the weight gradients (BackwardOptions::weight_grad_kernel; all give the
       same bits). "auto" (default): the launch planner's rule by shape, measured on the H200: CUTLASS's
       grouped ping-pong GEMM ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in
@@ -147,7 +161,8 @@ class FusedMoE:
                  n_comm: tuple[Optional[int], Optional[int]] = (None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
-                 dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "auto"):
+                 dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "auto",
+                 transport: str = "peer"):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         if weight_grad_kernel not in _WEIGHT_GRAD_KERNELS:
@@ -160,6 +175,7 @@ class FusedMoE:
         fp8 = native_dtype == "e4m3"
         if fp8:
             check_fp8_layer("comet.FusedMoE", training, hidden_size)
+        check_transport("comet.FusedMoE", transport, training, fp8)
         _lib.require_cuda("comet.FusedMoE")
         alloc = release = None
         if use_torch_allocator:
@@ -180,7 +196,7 @@ class FusedMoE:
             max_rows, load_factor=load_factor, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0],
             layer1_tile_n=tile_n[1], layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, batch_invariant=batch_invariant,
             checking=checking, training=training, tune_table=tune_table,
-            allocate=alloc, release=release, dtype=native_dtype)
+            allocate=alloc, release=release, dtype=native_dtype, transport=transport)
         # Plain attributes (not calls into the extension), so that torch.compile traces a call without a break.
         self.local_ranks = team.local_ranks
         self.local_experts = num_experts // team.ep

@@ -149,6 +149,12 @@ nb::dict decision_dict(const LaunchDecision& d) {
   return o;
 }
 
+DeviceTransport transport_of(const std::string& s) {
+  if (s == "peer") return DeviceTransport::peer;
+  if (s == "nvshmem") return DeviceTransport::nvshmem;
+  throw InvalidArgument("transport must be 'peer' or 'nvshmem', got '" + s + "'");
+}
+
 DType dtype_of(const std::string& s) {
   if (s == "bf16") return DType::bf16;
   if (s == "e4m3") return DType::e4m3;
@@ -260,9 +266,11 @@ NB_MODULE(_C, m) {
              int ep, int tp, int max_tokens, int max_rows, double load_factor, std::optional<int> layer0_tile_n,
              std::optional<int> layer0_n_comm, std::optional<int> layer1_tile_n, std::optional<int> layer1_n_comm,
              bool adaptive_split, bool batch_invariant, bool checking, bool training, const std::string& tune_table,
-             std::optional<nb::object> allocate, std::optional<nb::object> release, const std::string& dtype) {
+             std::optional<nb::object> allocate, std::optional<nb::object> release, const std::string& dtype,
+             const std::string& transport) {
             MoeOptions o;
             o.dtype = dtype_of(dtype);
+            o.transport = transport_of(transport);
             o.layer0 = request(layer0_tile_n, layer0_n_comm);
             o.layer1 = request(layer1_tile_n, layer1_n_comm);
             o.adaptive_split = adaptive_split;
@@ -282,7 +290,8 @@ NB_MODULE(_C, m) {
           nb::arg("layer1_tile_n") = nb::none(), nb::arg("layer1_n_comm") = nb::none(),
           nb::arg("adaptive_split") = true, nb::arg("batch_invariant") = false, nb::arg("checking") = false,
           nb::arg("training") = false, nb::arg("tune_table") = "",
-          nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none(), nb::arg("dtype") = "bf16")
+          nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none(), nb::arg("dtype") = "bf16",
+          nb::arg("transport") = "peer")
       .def_prop_ro("dtype", [](const FusedMoe& m) { return std::string(to_string(m.options().dtype)); })
       // w0_scales: an e4m3 layer's W0 block scales (fp32 [E_l][ceil(w0 rows / 128)][H / 128]); 0 = none
       // (a bf16 layer, or a w0 pointer 0 that keeps the rank's current weights).

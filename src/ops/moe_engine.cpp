@@ -15,6 +15,10 @@
 #include "kernels/layer_sync.hpp"
 #include "kernels/local_rows.hpp"
 #include "kernels/peer_failure.hpp"
+#if COMET_HAVE_NVSHMEM_KERNELS
+#include "kernels/nvshmem/fused_nvshmem.hpp"
+#include "team/nvshmem_heap.hpp"
+#endif
 
 namespace comet {
 
@@ -96,10 +100,12 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     // wrongly: agree on everything that shapes what peers read, before the first symmetric buffer.
     const int32_t config[] = {shape_.hidden,        shape_.ffn, shape_.num_experts,          shape_.topk,
                               int32_t(shape_.act),  par_.ep,    par_.tp, cap_.max_tokens_per_rank, options_.training,
-                              int32_t(options_.dtype)};
-    team_.require_agreement(config, sizeof(config),
-                            "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens, training, dtype)");
+                              int32_t(options_.dtype), int32_t(options_.transport)};
+    team_.require_agreement(
+        config, sizeof(config),
+        "FusedMoe (hidden, ffn, experts, top-k, activation, ep, tp, max_tokens, training, dtype, transport)");
   }
+  check_transport();
   set_dispatch_store_lag(options_.dispatch_store_lag);
   options_.checking = options_.checking || checking_from_env();
   // A forced variant that cannot run (a tile not compiled for the layer, too many comm blocks) is
@@ -120,6 +126,11 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   recv_sym_ = team_.alloc_symmetric(size_t(W) * T * row_bytes);
   failed_sym_ = team_.alloc_symmetric(size_t(W) * sizeof(int32_t));
   if (options_.training) gate_recv_sym_ = team_.alloc_symmetric(size_t(W) * T * shape_.topk * sizeof(float));
+#if COMET_HAVE_NVSHMEM_KERNELS
+  // Every comm block the layer-1 launch could have (its resident grid) stages its puts here.
+  if (nvshmem_transport())
+    staging_sym_ = team_.alloc_symmetric(kernels::nvshmem::staging_bytes(kernels::nvshmem::layer1_limits().max_blocks));
+#endif
 
   const int rows = cap_.max_rows_per_rank;
   const int max_tiles = rows / kTileM;
@@ -146,6 +157,17 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       s->chosen_n_comm = static_cast<int32_t*>(alloc(*s, kLaunchLayers * 4));
       s->gemm_workspace_bytes = kernels::expert_gemm_grouped_workspace_bytes(par_.local_experts(shape_));
       s->gemm_workspace = alloc(*s, s->gemm_workspace_bytes);
+      if (nvshmem_transport()) {
+        // This rank's own symmetric addresses, once per rank: the NVSHMEM transport names the peer by PE.
+        auto own = [&](SymmetricId id) {
+          const std::vector<void*> addrs(W, team_.local_ptr(id, r));
+          void* d = alloc(*s, W * sizeof(void*));
+          COMET_CUDA_CHECK(cudaMemcpy(d, addrs.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
+          return static_cast<void* const*>(d);
+        };
+        s->own_x = own(x_sym_);
+        s->own_recv = own(recv_sym_);
+      }
     }
     if (s->computes && options_.training) {
       int least = 0, greatest = 0;
@@ -170,7 +192,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   // FusedMoeMemory.FootprintIsWhatIsAllocated holds it to layer_footprint(), the sizes' one statement.
   device_bytes_per_rank_ = team_.symmetric_bytes(x_sym_) + team_.symmetric_bytes(routing_sym_) +
                            team_.symmetric_bytes(recv_sym_) + team_.symmetric_bytes(failed_sym_) +
-                           (options_.training ? team_.symmetric_bytes(gate_recv_sym_) : 0);
+                           (options_.training ? team_.symmetric_bytes(gate_recv_sym_) : 0) +
+                           (staging_sym_.id >= 0 ? team_.symmetric_bytes(staging_sym_) : 0);
   for (const auto& s : ranks_) {
     if (!s->computes) continue;
     device_bytes_per_rank_ += s->private_bytes + s->plan.device_bytes();
@@ -213,7 +236,7 @@ void MoeEngine::close() {
 // Collective on a team that spans processes (MoeEngine::close); the destructor calls it only where
 // it is not (one process drives every rank).
 void MoeEngine::free_symmetric() {
-  for (SymmetricId* id : {&x_sym_, &routing_sym_, &recv_sym_, &failed_sym_, &gate_recv_sym_}) {
+  for (SymmetricId* id : {&x_sym_, &routing_sym_, &recv_sym_, &failed_sym_, &gate_recv_sym_, &staging_sym_}) {
     if (id->id < 0) continue;
     const SymmetricId buf = *id;
     *id = SymmetricId{};
@@ -384,7 +407,7 @@ void check_units(UnitRange units, LayerMode mode, const char* layer) {
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   check_units(units, mode, "layer 0");
   RankState& s = compute_state(rank);
-  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, request);
+  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, transport_request(request));
   const LaunchDecision& d = planned.decision;
   s.last[0] = d;
   kernels::Layer0Launch l;
@@ -402,7 +425,7 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   l.act = kernels::epilogue_op(shape_.act);
   l.dispatch = dispatch_args(s, s.a, units);
   l.split = grid_split(s, planned, mode, 0);
-  auto launch = [&](const auto& x) { kernels::launch_layer0(x, s.stream); };
+  auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/true, par_.world(), launch, launch);  // its GEMM applies the activation: always ours
 }
 
@@ -410,7 +433,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   check_units(units, mode, "layer 1");
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
-  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, request);
+  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, transport_request(request));
   const LaunchDecision& d = planned.decision;
   s.last[1] = d;
   const int H = shape_.hidden;
@@ -425,11 +448,65 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   l.tile_done = s.sync.tile_done;
   l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/false);
   l.split = grid_split(s, planned, mode, 1);
-  auto launch = [&](const auto& x) { kernels::launch_layer1(x, s.stream); };
+  auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
     if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
     grouped_expert_gemm(s, d.standalone_gemm, l.hid, l.ffn_shard, l.w1, /*w_kn=*/false, H, l.y);  // Y = h W1_e^T
   });
+}
+
+void MoeEngine::check_transport() {
+  if (!nvshmem_transport()) {
+    COMET_REQUIRE(options_.transport == DeviceTransport::peer, "FusedMoe: unknown transport ", int(options_.transport));
+    return;
+  }
+#if COMET_HAVE_NVSHMEM_KERNELS
+  const auto* ipc = dynamic_cast<const IpcTeam*>(&team_);
+  COMET_REQUIRE(ipc && ipc->heap() == SymmetricHeap::nvshmem,
+                "FusedMoe: transport nvshmem needs an IpcTeam on NVSHMEM's heap (SymmetricHeap::nvshmem): its PEs "
+                "are the team's ranks");
+  COMET_REQUIRE(!options_.training && options_.dtype == DType::bf16,
+                "FusedMoe: transport nvshmem runs the forward's bf16 layers only so far (training and e4m3 use "
+                "transport peer)");
+  for (LayerRequest* r : {&options_.layer0, &options_.layer1}) {
+    COMET_REQUIRE(!r->tile_n || *r->tile_n == kernels::nvshmem::kTileN, "FusedMoe: transport nvshmem has tile 128x",
+                  kernels::nvshmem::kTileN, " only (asked for 128x", r->tile_n.value_or(0), ")");
+    r->tile_n = kernels::nvshmem::kTileN;
+  }
+  // Each NVSHMEM initialisation needs the kernels' module bound again (its device state).
+  static int bound_session = -1;
+  if (bound_session != team_detail::NvshmemHeap::session()) {
+    kernels::nvshmem::bind_fused_kernels(
+        reinterpret_cast<kernels::nvshmem::CulibraryInit>(team_detail::NvshmemHeap::culibrary_init()));
+    bound_session = team_detail::NvshmemHeap::session();
+  }
+#else
+  throw InvalidArgument("FusedMoe: transport nvshmem needs comet built with NVSHMEM's headers (scripts/setup-deps)");
+#endif
+}
+
+LayerRequest MoeEngine::transport_request(const LayerRequest& request) const {
+  LayerRequest r = request;
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport() && !r.tile_n) r.tile_n = kernels::nvshmem::kTileN;  // its one tile (others refused)
+#endif
+  return r;
+}
+
+void MoeEngine::launch_fused(const RankState& s, const kernels::Layer0Launch& l) const {
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport())
+    return kernels::nvshmem::launch_layer0(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+#endif
+  kernels::launch_layer0(l, s.stream);
+}
+
+void MoeEngine::launch_fused(const RankState& s, const kernels::Layer1Launch& l) const {
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport())
+    return kernels::nvshmem::launch_layer1(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+#endif
+  kernels::launch_layer1(l, s.stream);
 }
 
 void MoeEngine::grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w,
@@ -479,7 +556,8 @@ void MoeEngine::finish(int rank, const RankBatch& b) {
 
 kernels::DispatchArgs MoeEngine::dispatch_args(const RankState& s, void* rows, UnitRange units) const {
   // hidden: the row length in 16-bit units (a record's bytes / 2 in e4m3; the dispatch moves bytes).
-  return kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(team_.peer_ptrs(x_sym_, s.rank)),
+  const void* const* x_addrs = nvshmem_transport() ? s.own_x : team_.peer_ptrs(x_sym_, s.rank);
+  return kernels::DispatchArgs{reinterpret_cast<const __nv_bfloat16* const*>(x_addrs),
                                static_cast<__nv_bfloat16*>(rows),
                                token_row_bytes() / 2,
                                shape_.topk,
@@ -496,7 +574,8 @@ kernels::CombineArgs MoeEngine::combine_args(const RankState& s, int tile_n, Uni
   const int H = shape_.hidden;
   const float expected_slots = kernels::expected_slots_per_unit(shape_.topk, par_.ep, shape_.num_experts);  // sizes the combine's batches
   return kernels::CombineArgs{static_cast<const __nv_bfloat16*>(s.y),
-                              reinterpret_cast<__nv_bfloat16* const*>(team_.peer_ptrs(recv_sym_, s.rank)),
+                              reinterpret_cast<__nv_bfloat16* const*>(nvshmem_transport() ? s.own_recv
+                                                                                           : team_.peer_ptrs(recv_sym_, s.rank)),
                               static_cast<__nv_bfloat16*>(s.self_partial),
                               H,
                               shape_.topk,

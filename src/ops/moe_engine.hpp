@@ -165,6 +165,13 @@ class MoeEngine {
                    const BackwardOptions& o, int launch, cudaStream_t stream) const;
   // The comm roles' arguments and the final reduce's, over the rank's buffers.
   kernels::DispatchArgs dispatch_args(const RankState& s, void* rows, UnitRange units) const;
+  // The transport (MoeOptions::transport): its checks and binding at construction, and the forward's
+  // fused launches through the one chosen.
+  bool nvshmem_transport() const { return options_.transport == DeviceTransport::nvshmem; }
+  void check_transport();
+  LayerRequest transport_request(const LayerRequest& request) const;  // the transport's tile where unset
+  void launch_fused(const RankState& s, const kernels::Layer0Launch& l) const;
+  void launch_fused(const RankState& s, const kernels::Layer1Launch& l) const;
   kernels::CombineArgs combine_args(const RankState& s, int tile_n, UnitRange units, bool unit_weights) const;
   kernels::FinalReduceArgs final_reduce_args(const RankState& s, const void* ids, bool ids_64, void* out,
                                              int tokens) const;
@@ -185,6 +192,7 @@ class MoeEngine {
   SymmetricId x_sym_, routing_sym_, recv_sym_;
   SymmetricId failed_sym_;  // [W] int32 per rank: word s raised by peer s when its call failed
   SymmetricId gate_recv_sym_{};  // training: gate-gradient partials [W][T_cap][k] fp32 from each rank
+  SymmetricId staging_sym_{};    // transport nvshmem: layer 1's put staging (kernels/nvshmem/fused_nvshmem.hpp)
   LaunchPlanner planner_;
   size_t device_bytes_per_rank_ = 0;
   bool closed_ = false;

@@ -28,6 +28,10 @@ struct MoeEngine::RankState {
   kernels::LayerSync sync;           // the fused launches' flags (kernels/layer_sync.hpp)
   size_t sync_bytes = 0;             // their block (zeroed by MoeEngine::recover)
   int32_t* chosen_n_comm = nullptr;       // [kLaunchLayers] the adaptive split's pick of the last fused launch
+  // MoeOptions::transport nvshmem: [W] device arrays holding, for every rank, this rank's own symmetric
+  // address of x and of the receive buffer (NvshmemTransport adds the PE; peer pointers are not used).
+  const void* const* own_x = nullptr;
+  void* const* own_recv = nullptr;
   LaunchDecision last[kLaunchLayers];     // the planner's decision of the last launch per launch id
   const void* w0 = nullptr;
   const void* w1 = nullptr;
@@ -69,6 +73,8 @@ struct MoeEngine::RankState {
     a = hid = hid_call = y = self_partial = pre = grad_rows = d_rows = wgrad_workspace = gemm_workspace = nullptr;
     gate_partials = nullptr;
     chosen_n_comm = nullptr;
+    own_x = nullptr;
+    own_recv = nullptr;
     sync = kernels::LayerSync{};
     private_bytes = 0;
   }

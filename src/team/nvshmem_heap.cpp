@@ -88,6 +88,7 @@ const Api& loaded_api() {
 }
 
 std::atomic<bool> g_in_use{false};
+std::atomic<int> g_session{0};
 
 // NVSHMEM dlopen()s its bootstrap plugin by name: point it at the one next to the host library (the
 // wheel keeps them together), unless the environment chose one. The team is one node for now: no
@@ -129,6 +130,7 @@ void NvshmemHeap::init(int rank, int world, const AllGatherFn& all_gather) {
                   rank, " (NVSHMEM_DEBUG=INFO says why)");
     COMET_REQUIRE(a.my_pe() == rank && a.n_pes() == world, "NVSHMEM: PE ", a.my_pe(), " of ", a.n_pes(), " for rank ",
                   rank, " of ", world);
+    ++g_session;
   } catch (...) {
     g_in_use = false;
     throw;
@@ -157,6 +159,15 @@ void NvshmemHeap::finalize() {
   g_in_use = false;
 }
 
+void* NvshmemHeap::culibrary_init() {
+  const Api& a = loaded_api();
+  void* fn = dlsym(a.handle, "nvshmemx_culibrary_init");
+  COMET_REQUIRE(fn != nullptr, "NVSHMEM: ", a.path, " has no nvshmemx_culibrary_init (NVSHMEM 3.8.0 has it)");
+  return fn;
+}
+
+int NvshmemHeap::session() { return g_session.load(); }
+
 #else  // built without NVSHMEM's headers
 
 namespace {
@@ -172,6 +183,8 @@ void* NvshmemHeap::alloc(size_t) { absent(); }
 void* NvshmemHeap::peer(void*, int) { absent(); }
 void NvshmemHeap::free(void*) { absent(); }
 void NvshmemHeap::finalize() { absent(); }
+void* NvshmemHeap::culibrary_init() { absent(); }
+int NvshmemHeap::session() { return 0; }
 
 #endif
 

@@ -22,6 +22,11 @@ struct NvshmemHeap {
   static void* peer(void* local, int pe);     // nvshmem_ptr; InvalidArgument if loads and stores cannot reach it
   static void free(void* local);              // collective (nvshmem_free)
   static void finalize();                     // collective
+  // For kernels that call NVSHMEM's device API (MoeOptions::transport = nvshmem): the host library's
+  // nvshmemx_culibrary_init (as void*, so that CUlibrary stays out of this header), and how many
+  // initialisations this process has had: a module's device state is bound once per initialisation.
+  static void* culibrary_init();
+  static int session();
 };
 
 }  // namespace comet::team_detail

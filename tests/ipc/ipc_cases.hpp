@@ -6,6 +6,8 @@
 #include <cstdlib>
 #include <string>
 
+#include "comet/common.hpp"
+#include "comet/fused_moe.hpp"
 #include "comet/team.hpp"
 
 namespace comet::ipc_test {
@@ -20,6 +22,17 @@ inline constexpr const char* kEnvHeap = "COMET_IPC_HEAP";  // cuda_ipc (default)
 inline SymmetricHeap heap_from_env() {
   const char* v = std::getenv(kEnvHeap);
   return v && *v ? parse_heap(v) : SymmetricHeap::cuda_ipc;
+}
+
+// peer (default) or nvshmem: the fused-layer cases' MoeOptions::transport (bf16 ones; the fp8 case stays
+// on peer pointers). nvshmem needs COMET_IPC_HEAP=nvshmem.
+inline constexpr const char* kEnvTransport = "COMET_IPC_TRANSPORT";
+
+inline DeviceTransport transport_from_env() {
+  const char* v = std::getenv(kEnvTransport);
+  if (!v || !*v || std::string(v) == "peer") return DeviceTransport::peer;
+  if (std::string(v) == "nvshmem") return DeviceTransport::nvshmem;
+  throw InvalidArgument(std::string(kEnvTransport) + " must be peer or nvshmem, got '" + v + "'");
 }
 
 inline constexpr int kSkipExitCode = 77;      // CTest's SKIP_RETURN_CODE

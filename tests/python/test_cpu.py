@@ -402,6 +402,18 @@ def test_dtype_and_training_are_checked_before_the_gpu():
         comet.FusedMoE(None, 256, 512, 8, 2, max_tokens=16, dtype=torch.float8_e4m3fn, training=True)
 
 
+def test_transport_is_checked_before_the_gpu():
+    """An unknown transport, and NVSHMEM's with what it cannot run yet, are refused before a team exists."""
+    with pytest.raises(ValueError, match="transport must be one of"):
+        comet.FusedMoE(None, 256, 512, 8, 2, max_tokens=16, transport="ib")
+    with pytest.raises(ValueError, match="transport must be one of"):
+        comet.MoELayer(256, 512, 8, 2, transport="")
+    with pytest.raises(ValueError, match="forward's bf16 layers only"):
+        comet.MoELayer(256, 512, 8, 2, transport="nvshmem")  # training defaults to True for bf16
+    with pytest.raises(ValueError, match="forward's bf16 layers only"):
+        comet.FusedMoE(None, 256, 512, 8, 2, max_tokens=16, dtype=torch.float8_e4m3fn, transport="nvshmem")
+
+
 def test_quantizer_checks_its_arguments_before_any_launch():
     with pytest.raises(TypeError, match="dtype torch.float32, expected torch.bfloat16"):
         comet.quantize_weights_e4m3(torch.zeros(2, 128))

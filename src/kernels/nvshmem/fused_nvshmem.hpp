@@ -1,8 +1,9 @@
 // The fused layers with NVSHMEM's device transport (NvshmemTransport, transport_nvshmem.cuh): the same
 // kernels as fused_layers.hpp's, whose comm blocks get rows from and put slices to PEs instead of
-// loading and storing through peer pointers. Built where NVSHMEM's headers are (the
-// comet_nvshmem_kernels target); this header keeps NVSHMEM's own headers out of its users. One tile
-// width for now (kTileN), bf16, the forward's two layers.
+// loading and storing through peer pointers. Built into comet where NVSHMEM's headers are
+// (COMET_HAVE_NVSHMEM_KERNELS); FusedMoe launches them with MoeOptions::transport = nvshmem. This header
+// keeps NVSHMEM's own headers out of its users. One tile width for now (kTileN), bf16, the forward's
+// two layers.
 //
 // The arguments are those of launch_layer0 / launch_layer1, with one difference: every entry of
 // dispatch.peer_x and combine.peer_recv holds this rank's own symmetric address of the buffer (the

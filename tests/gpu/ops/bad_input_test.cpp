@@ -176,6 +176,12 @@ TEST(BadInput, ConstructionIsRefusedWithTheReason) {
   alloc.allocator.allocate = [](size_t) -> void* { return nullptr; };
   expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, alloc); },
                  "both allocate and release");
+  // NVSHMEM's device transport names peers by PE, which a local team has not (a build without NVSHMEM's
+  // headers refuses the transport itself; either message names it).
+  MoeOptions nvshmem;
+  nvshmem.transport = DeviceTransport::nvshmem;
+  nvshmem.training = false;
+  expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, nvshmem); }, "nvshmem");
 }
 
 TEST(BadInput, ForwardBeforeWeightsIsRefused) {

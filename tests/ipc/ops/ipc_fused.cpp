@@ -11,6 +11,7 @@
 
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
+#include "ipc/ipc_cases.hpp"
 #include "ipc/ops/ipc_fused.hpp"
 #include "harness/moe_problem.hpp"
 #include "ops/moe_engine.hpp"
@@ -25,6 +26,7 @@ IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& pa
   options.dtype = dtype;
   options.layer0 = forced(dtype == DType::e4m3 ? 128 : 256, 2);
   options.layer1 = forced(256, 3);
+  if (dtype == DType::bf16) options.transport = transport_from_env();
   l.moe = std::make_unique<FusedMoe>(team, shape, par, MoeCapacity{l.problem.max_tokens(), 0}, options);
   l.mine = upload_rank(l.problem, team.rank());
   if (dtype == DType::e4m3) {
@@ -65,6 +67,7 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
   const auto got = mine->output();
   // One line per case and rank: scripts/gpu-test compares the lines of the CUDA IPC run with those of
   // the NVSHMEM-heap run (the results must be equal bit for bit: same plan, same kernels, same order).
+  // The transport is not in the line: its runs must give the same digests as the peer pointers'.
   std::printf("DIGEST H%d k%d ep%d tp%d %s seed %llu world %d rank %d: %016llx\n", shape.hidden, shape.topk, par.ep,
               par.tp, to_string(dtype), (unsigned long long)seed, team.world(), rank, (unsigned long long)digest(got));
   std::fflush(stdout);

@@ -22,25 +22,21 @@
 // No NVSHMEM device library: the device API is inlined (transport_nvshmem.cuh) and each module's
 // device state bound with nvshmemx_culibrary_init after the host library's initialisation.
 #include <cuda_runtime.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
-#include <fstream>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "comet/bf16.hpp"
 #include "comet/plan.hpp"
+#include "harness/pe_processes.hpp"
 #include "kernels/combine_role.cuh"
 #include "kernels/dispatch_role.cuh"
 #include "kernels/fused_layers.hpp"
@@ -50,14 +46,7 @@
 namespace comet {
 namespace {
 
-#define PE_CUDA(call)                                                                            \
-  do {                                                                                           \
-    cudaError_t e_ = (call);                                                                     \
-    if (e_ != cudaSuccess) {                                                                     \
-      std::fprintf(stderr, "pe %d: %s failed: %s\n", g_pe, #call, cudaGetErrorString(e_));       \
-      std::exit(3);                                                                              \
-    }                                                                                            \
-  } while (0)
+#define PE_CUDA(call) COMET_PE_CUDA(g_pe, call)
 
 int g_pe = -1;
 
@@ -166,6 +155,27 @@ std::vector<T> host_copy(const T* p, size_t n) {
   std::vector<T> v(n);
   PE_CUDA(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
   return v;
+}
+
+// Runs launch() `reps` times on the legacy stream; the mean time of the calls after the first (every
+// call writes the same values, so the checks read what the first one wrote).
+template <class Launch>
+float mean_ms_after_first(int reps, Launch&& launch) {
+  cudaEvent_t e0, e1;
+  PE_CUDA(cudaEventCreate(&e0));
+  PE_CUDA(cudaEventCreate(&e1));
+  for (int rep = 0; rep < reps; ++rep) {
+    if (rep == 1) PE_CUDA(cudaEventRecord(e0));
+    launch();
+    PE_CUDA(cudaGetLastError());
+  }
+  PE_CUDA(cudaEventRecord(e1));
+  PE_CUDA(cudaEventSynchronize(e1));
+  float ms = 0;
+  PE_CUDA(cudaEventElapsedTime(&ms, e0, e1));
+  PE_CUDA(cudaEventDestroy(e0));
+  PE_CUDA(cudaEventDestroy(e1));
+  return ms / float(reps - 1);
 }
 
 struct Failures {
@@ -434,26 +444,14 @@ bool run_case(const Case& c, int pe, int world) {
     PE_CUDA(cudaDeviceSynchronize());
     nvshmem_barrier_all();
     d.peer_x = tr == 0 ? d_peer_x : d_sym_x;
-    cudaEvent_t e0, e1;
-    PE_CUDA(cudaEventCreate(&e0));
-    PE_CUDA(cudaEventCreate(&e1));
-    constexpr int kReps = 4;  // the first call is checked; every call writes the same rows
-    for (int rep = 0; rep < kReps; ++rep) {
-      ++epoch;
-      if (rep == 1) PE_CUDA(cudaEventRecord(e0));
+    dispatch_ms[tr] = mean_ms_after_first(4, [&] {
+      ++epoch;  // each call a new generation of the tile flags
       if (tr == 0)
         dispatch_kernel<<<dispatch_blocks[0], kDispatchThreads, dispatch_smem>>>(d, epoch, dispatch_smem, team,
                                                                                kernels::PeerTransport{});
       else
         dispatch_kernel<<<dispatch_blocks[1], kDispatchThreads, dispatch_smem>>>(d, epoch, dispatch_smem, team, nv);
-      PE_CUDA(cudaGetLastError());
-    }
-    PE_CUDA(cudaEventRecord(e1));
-    PE_CUDA(cudaEventSynchronize(e1));
-    PE_CUDA(cudaEventElapsedTime(&dispatch_ms[tr], e0, e1));
-    dispatch_ms[tr] /= kReps - 1;
-    PE_CUDA(cudaEventDestroy(e0));
-    PE_CUDA(cudaEventDestroy(e1));
+    });
     check_status(tr == 0 ? "dispatch (peer)" : "dispatch (nvshmem)");
     a_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(a), size_t(rows_cap) * H);
     const auto ready = host_copy(tile_ready, max_tiles);
@@ -488,25 +486,13 @@ bool run_case(const Case& c, int pe, int world) {
     PE_CUDA(cudaDeviceSynchronize());
     nvshmem_barrier_all();  // nobody ships into a buffer still being zeroed
     cb.peer_recv = tr == 0 ? d_peer_recv : d_sym_recv;
-    cudaEvent_t e0, e1;
-    PE_CUDA(cudaEventCreate(&e0));
-    PE_CUDA(cudaEventCreate(&e1));
-    constexpr int kReps = 4;  // every call stores the same values into the same slots
-    for (int rep = 0; rep < kReps; ++rep) {
-      if (rep == 1) PE_CUDA(cudaEventRecord(e0));
+    combine_ms[tr] = mean_ms_after_first(4, [&] {
       if (tr == 0)
         combine_kernel<<<combine_blocks[0], kCombineThreads, kCombineSmem>>>(cb, epoch, kCombineSmem, team,
                                                                             kernels::PeerTransport{});
       else
         combine_kernel<<<combine_blocks[1], kCombineThreads, kCombineSmem>>>(cb, epoch, kCombineSmem, team, nv);
-      PE_CUDA(cudaGetLastError());
-    }
-    PE_CUDA(cudaEventRecord(e1));
-    PE_CUDA(cudaEventSynchronize(e1));
-    PE_CUDA(cudaEventElapsedTime(&combine_ms[tr], e0, e1));
-    combine_ms[tr] /= kReps - 1;
-    PE_CUDA(cudaEventDestroy(e0));
-    PE_CUDA(cudaEventDestroy(e1));
+    });
     check_status(tr == 0 ? "combine (peer)" : "combine (nvshmem)");
     nvshmem_barrier_all();  // every sender's slices are in (their kernels ended with end_combine)
     recv_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(recv), size_t(world) * T * H);
@@ -593,19 +579,9 @@ int run_pe(int pe, int world, const std::string& id_path) {
   PE_CUDA(cudaSetDevice(0));
   nvshmemx_uniqueid_t id;
   std::memset(&id, 0, sizeof(id));
-  if (pe == 0) {
-    if (nvshmemx_get_uniqueid(&id) != 0) return 4;
-    const std::string tmp = id_path + ".tmp";
-    std::ofstream(tmp, std::ios::binary).write(reinterpret_cast<const char*>(&id), sizeof(id));
-    std::rename(tmp.c_str(), id_path.c_str());
-  } else {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
-      std::ifstream in(id_path, std::ios::binary);
-      if (in && in.read(reinterpret_cast<char*>(&id), sizeof(id))) break;
-      if (std::chrono::steady_clock::now() > deadline) return 5;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+  if (!harness::share_bytes(pe, id_path, &id, sizeof(id), [&] { return nvshmemx_get_uniqueid(&id) == 0; })) {
+    std::printf("pe %d: no unique id (from nvshmemx_get_uniqueid on PE 0)\n", pe);
+    return 4;
   }
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
   nvshmemx_set_attr_uniqueid_args(pe, world, &id, &attr);
@@ -636,10 +612,7 @@ int main(int argc, char** argv) {
     return 77;
   }
   const int world = argc > 1 ? std::atoi(argv[1]) : 2;
-  if (const char* role = std::getenv("COMET_NVSHMEM_PE")) {
-    const char* id_path = std::getenv("COMET_NVSHMEM_ID");
-    return comet::run_pe(std::atoi(role), world, id_path ? id_path : "/tmp/comet_nvshmem_transport.id");
-  }
+  if (const int pe = comet::harness::pe_from_env(); pe >= 0) return comet::run_pe(pe, world, comet::harness::id_path_from_env());
   if (world < 1 || world > 8) {
     std::fprintf(stderr, "usage: comet_nvshmem_transport_tests [PEs 1-8]\n");
     return 2;
@@ -648,35 +621,9 @@ int main(int argc, char** argv) {
   setenv("NVSHMEM_BOOTSTRAP", "UID", 0);
   const std::string plugin = std::string(COMET_NVSHMEM_LIBDIR) + "/nvshmem_bootstrap_uid.so.3";
   if (access(plugin.c_str(), R_OK) == 0) setenv("NVSHMEM_BOOTSTRAP_PLUGIN", plugin.c_str(), 0);
-  const std::string path = "/tmp/comet_nvshmem_transport_" + std::to_string(getpid()) + ".id";
-  std::remove(path.c_str());
-  std::vector<pid_t> kids;
-  for (int pe = 0; pe < world; ++pe) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("COMET_NVSHMEM_PE", std::to_string(pe).c_str(), 1);
-      setenv("COMET_NVSHMEM_ID", path.c_str(), 1);
-      alarm(240);  // a PE stuck in NVSHMEM ends here (the roles' own waits are bounded by the team timeout)
-      execv("/proc/self/exe", argv);
-      _exit(127);
-    }
-    kids.push_back(pid);
-  }
-  int failed = 0;
-  for (int pe = 0; pe < world; ++pe) {
-    int status = 0;
-    waitpid(kids[pe], &status, 0);
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    failed += !ok;
-    if (!ok) {
-      if (WIFSIGNALED(status))
-        std::printf("PE %d ended by signal %d%s\n", pe, WTERMSIG(status), WTERMSIG(status) == SIGALRM ? " (hung)" : "");
-      else
-        std::printf("PE %d exit %d\n", pe, WEXITSTATUS(status));
-    }
-  }
-  std::remove(path.c_str());
-  std::printf("%s: comm roles over NVSHMEM vs peer pointers, %d PEs on one GPU, %d failed\n", failed ? "FAIL" : "PASS",
-              world, failed);
+  // The roles' own waits are bounded by the team timeout; the alarm ends a PE stuck inside NVSHMEM.
+  const int failed = comet::harness::spawn_pes(world, argv, 240);
+  std::printf("%s: comm roles and fused layers over NVSHMEM vs peer pointers, %d PEs on one GPU, %d failed\n",
+              failed ? "FAIL" : "PASS", world, failed);
   return failed ? 1 : 0;
 }

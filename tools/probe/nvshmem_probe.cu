@@ -16,28 +16,18 @@
 #include <cuda_runtime.h>
 #include <nvshmem.h>
 #include <nvshmemx.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
+
+#include "harness/pe_processes.hpp"
 
 namespace {
 
-#define PROBE_CUDA(call)                                                                              \
-  do {                                                                                                \
-    cudaError_t e_ = (call);                                                                          \
-    if (e_ != cudaSuccess) {                                                                          \
-      std::fprintf(stderr, "pe %d: %s failed: %s\n", g_pe, #call, cudaGetErrorString(e_));            \
-      std::exit(3);                                                                                   \
-    }                                                                                                 \
-  } while (0)
+#define PROBE_CUDA(call) COMET_PE_CUDA(g_pe, call)
 
 int g_pe = -1;
 
@@ -92,25 +82,9 @@ int run_pe(int pe, int npes, const std::string& id_path, size_t bytes) {
   PROBE_CUDA(cudaSetDevice(0));
   nvshmemx_uniqueid_t id;
   std::memset(&id, 0, sizeof(id));
-  if (pe == 0) {
-    if (nvshmemx_get_uniqueid(&id) != 0) {
-      step("nvshmemx_get_uniqueid failed");
-      return 4;
-    }
-    const std::string tmp = id_path + ".tmp";
-    std::ofstream(tmp, std::ios::binary).write(reinterpret_cast<const char*>(&id), sizeof(id));
-    std::rename(tmp.c_str(), id_path.c_str());
-  } else {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-    for (;;) {
-      std::ifstream in(id_path, std::ios::binary);
-      if (in && in.read(reinterpret_cast<char*>(&id), sizeof(id))) break;
-      if (std::chrono::steady_clock::now() > deadline) {
-        step("no unique id from PE 0 within 30 s");
-        return 5;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
+  if (!comet::harness::share_bytes(pe, id_path, &id, sizeof(id), [&] { return nvshmemx_get_uniqueid(&id) == 0; })) {
+    step(pe == 0 ? "nvshmemx_get_uniqueid failed" : "no unique id from PE 0 within 30 s");
+    return pe == 0 ? 4 : 5;
   }
   nvshmemx_init_attr_t attr = NVSHMEMX_INIT_ATTR_INITIALIZER;
   nvshmemx_set_attr_uniqueid_args(pe, npes, &id, &attr);
@@ -220,43 +194,14 @@ int run_pe(int pe, int npes, const std::string& id_path, size_t bytes) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* role = std::getenv("COMET_NVSHMEM_PE");
   const int npes = argc > 1 ? std::atoi(argv[1]) : 2;
   const size_t bytes = size_t(argc > 2 ? std::atof(argv[2]) : 64) * 1000 * 1000;
-  if (role) {
-    const char* id_path = std::getenv("COMET_NVSHMEM_ID");
-    return run_pe(std::atoi(role), npes, id_path ? id_path : "/tmp/comet_nvshmem_probe.id", bytes);
-  }
+  if (const int pe = comet::harness::pe_from_env(); pe >= 0) return run_pe(pe, npes, comet::harness::id_path_from_env(), bytes);
   if (npes < 1 || npes > 16) {
     std::fprintf(stderr, "usage: comet-nvshmem-probe [PEs 1-16] [MB per put]\n");
     return 2;
   }
-  const std::string path = "/tmp/comet_nvshmem_probe_" + std::to_string(getpid()) + ".id";
-  std::remove(path.c_str());
-  std::vector<pid_t> kids;
-  for (int pe = 0; pe < npes; ++pe) {
-    const pid_t pid = fork();
-    if (pid == 0) {
-      setenv("COMET_NVSHMEM_PE", std::to_string(pe).c_str(), 1);
-      setenv("COMET_NVSHMEM_ID", path.c_str(), 1);
-      alarm(90);  // a PE that hangs in NVSHMEM ends here
-      execv("/proc/self/exe", argv);
-      _exit(127);
-    }
-    kids.push_back(pid);
-  }
-  int failed = 0;
-  for (int pe = 0; pe < npes; ++pe) {
-    int status = 0;
-    waitpid(kids[pe], &status, 0);
-    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-    failed += !ok;
-    if (WIFSIGNALED(status))
-      std::printf("PE %d ended by signal %d%s\n", pe, WTERMSIG(status), WTERMSIG(status) == SIGALRM ? " (hung)" : "");
-    else
-      std::printf("PE %d exit %d\n", pe, WEXITSTATUS(status));
-  }
-  std::remove(path.c_str());
+  const int failed = comet::harness::spawn_pes(npes, argv, 90);
   std::printf("%s: %d PEs on one GPU, %d failed\n", failed ? "FAIL" : "PASS", npes, failed);
   return failed ? 1 : 0;
 }

@@ -2,7 +2,9 @@
 checked against the plain PyTorch MoE on this rank's tokens, forward and backward. Exits non-zero on a
 mismatch.
 
-    torchrun --nproc-per-node=N dist_worker.py EP TP
+    torchrun --nproc-per-node=N dist_worker.py EP TP            (CUDA IPC, forward and backward)
+    torchrun --nproc-per-node=N dist_worker.py EP TP nvshmem    (NVSHMEM's heap; the forward with NVSHMEM's
+                                                                 device transport against peer pointers)
 """
 import os
 import sys
@@ -32,12 +34,41 @@ def check_backward(layer, p, rank: int) -> None:
     assert_grad_matches(layer.w1.grad[0], W.shard_w1(want.down, ep=ep, tp=tp, rank=rank), f"{what} dW1")
 
 
+def check_nvshmem_transport(p, tokens, rank: int, ep: int, tp: int) -> None:
+    """On NVSHMEM's heap: a layer whose comm blocks use NVSHMEM's gets and puts, and one on the same team
+    with peer pointers. Both against the plain MoE, and bitwise equal to each other (same plan, same
+    kernels, same order of the sums: only how the rows travel differs)."""
+    team = comet.Team.from_process_group(ep=ep, tp=tp, heap="nvshmem")
+    team.set_timeout(20.0)
+    outs = {}
+    for transport in ("nvshmem", "peer"):
+        layer = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=team, max_tokens=max(tokens),
+                               training=False, transport=transport)
+        layer.load_experts(p.gate_up.to(torch.bfloat16).cuda(), p.down.to(torch.bfloat16).cuda())
+        outs[transport] = layer(p.x[rank], p.ids[rank], p.gates[rank])
+        torch.cuda.synchronize()
+        layer.engine.synchronize()
+        assert_matches(outs[transport], reference_moe(p, p.x[rank], p.ids[rank], p.gates[rank]),
+                       f"torchrun rank {rank}, transport {transport}")
+    assert torch.equal(outs["nvshmem"], outs["peer"]), f"rank {rank}: NVSHMEM's transport differs from peer pointers"
+    team.close()
+    print(f"rank {rank}/{ep * tp}: ok ({outs['peer'].shape[0]} tokens, NVSHMEM transport == peer pointers)",
+          flush=True)
+
+
 def main() -> int:
     ep, tp = int(sys.argv[1]), int(sys.argv[2])
+    nvshmem = len(sys.argv) > 3 and sys.argv[3] == "nvshmem"
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == ep * tp, (world, ep, tp)
     torch.cuda.set_device(0)  # every process on the one GPU (CUDA IPC between them)
+    if nvshmem:
+        tokens = [0 if r == 1 else 40 + 37 * r for r in range(world)]
+        p = make_problem(hidden=256, ffn=512, experts=8, topk=2, ep=ep, tp=tp, tokens=tokens, routing="zipf", seed=79)
+        check_nvshmem_transport(p, tokens, rank, ep, tp)
+        dist.destroy_process_group()
+        return 0
     team = comet.Team.from_process_group(ep=ep, tp=tp)
     team.set_timeout(20.0)
     # Every rank builds the same problem (same seed) and takes its own tokens; rank 1 has none.

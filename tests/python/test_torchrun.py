@@ -21,3 +21,18 @@ def test_torchrun_processes_match_the_reference(ep, tp):
     print(done.stdout[-4000:])
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert done.stdout.count(": ok (") == ep * tp
+
+
+@pytest.mark.skipif(not comet.cuda_ready() or not comet._C.nvshmem_available(),
+                    reason="no CUDA GPU, or NVSHMEM's host library does not load (COMET_NVSHMEM_LIB)")
+@pytest.mark.parametrize("ep", [2, 4])
+def test_torchrun_nvshmem_transport_matches_peer_pointers(ep):
+    """The forward with NVSHMEM's device transport (transport="nvshmem") on NVSHMEM's heap, against the
+    plain MoE and bitwise against the same layer with peer pointers, ep processes on the one GPU."""
+    here = os.path.dirname(__file__)
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ep}", "--standalone",
+           os.path.join(here, "dist_worker.py"), str(ep), "1", "nvshmem"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    print(done.stdout[-4000:])
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    assert done.stdout.count("NVSHMEM transport == peer pointers") == ep

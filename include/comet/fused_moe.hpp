@@ -43,8 +43,8 @@ struct DeviceAllocator {
 //            mapped host memory): every layer, tile and dtype, and the backward.
 //   nvshmem  NVSHMEM's device gets and puts to PEs (issue 19; for peers that no pointer reaches, across
 //            nodes). Needs an IpcTeam on NVSHMEM's heap (SymmetricHeap::nvshmem) and a build with
-//            NVSHMEM's headers; so far the forward's bf16 layers with 128 x 256 tiles only (training, e4m3
-//            and other tiles are refused at construction). docs/nvshmem.md.
+//            NVSHMEM's headers; so far bf16 layers with 128 x 256 tiles, forward and backward (e4m3 and
+//            other tiles are refused at construction). docs/nvshmem.md.
 enum class DeviceTransport : int { peer = 0, nvshmem = 1 };
 inline const char* to_string(DeviceTransport t) { return t == DeviceTransport::nvshmem ? "nvshmem" : "peer"; }
 

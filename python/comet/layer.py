@@ -80,7 +80,7 @@ class MoELayer(nn.Module):
     weight_grad_kernel: which GEMM makes the weight gradients (comet.FusedMoE): "auto" (default, the
     planner's rule by shape), "persistent", "grouped" or "grouped_cooperative"; all give the same bits.
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
-    training=False, bf16: comet.FusedMoE).
+    bf16: comet.FusedMoE).
 
     fp8 (dtype=torch.float8_e4m3fn; issue 17): layer 0's GEMM runs in e4m3 with fp32 accumulation. The
     tokens stay bf16 in and out: each rank quantises its own tokens inside the layer, once per forward,
@@ -113,7 +113,7 @@ class MoELayer(nn.Module):
             training = not fp8
         if fp8:  # before a team is made: the refusal needs no GPU
             check_fp8_layer("MoELayer", training, hidden_size)
-        check_transport("MoELayer", transport, training, fp8)
+        check_transport("MoELayer", transport, fp8)
         self.team = team or Team.local(1)
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,

@@ -87,13 +87,13 @@ _WEIGHT_GRAD_KERNELS = ("auto", "persistent", "grouped", "grouped_cooperative") 
 _TRANSPORTS = ("peer", "nvshmem")  # MoeOptions::transport
 
 
-def check_transport(where: str, transport: str, training: bool, fp8: bool) -> None:
+def check_transport(where: str, transport: str, fp8: bool) -> None:
     """Refuses a transport the layer cannot run, before a team or a GPU is touched."""
     if transport not in _TRANSPORTS:
         raise ValueError(f"{where}: transport must be one of {_TRANSPORTS}, got {transport!r}")
-    if transport == "nvshmem" and (training or fp8):
-        raise ValueError(f"{where}: transport='nvshmem' runs the forward's bf16 layers only so far: build it with "
-                         f"training=False and a bf16 layer 0 (or transport='peer')")
+    if transport == "nvshmem" and fp8:
+        raise ValueError(f"{where}: transport='nvshmem' runs bf16 layers only so far (an fp8 layer 0 uses "
+                         f"transport='peer')")
 _registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
@@ -147,7 +147,8 @@ class FusedMoE:
     transport: how the comm blocks reach the peers' buffers (MoeOptions::transport). "peer" (default):
       loads, stores and bulk copies through peer pointers, every layer and option. "nvshmem": NVSHMEM's
       device gets and puts, for peers no pointer reaches (across nodes); needs a team on NVSHMEM's heap
-      (Team.from_process_group(heap="nvshmem")), training=False, bf16, and runs 128 x 256 tiles only.
+      (Team.from_process_group(heap="nvshmem")) and bf16, and runs 128 x 256 tiles only (forward and
+      backward).
     weight_grad_kernel: the GEMM of the weight gradients (BackwardOptions::weight_grad_kernel; all give the
       same bits). "auto" (default): the launch planner's rule by shape, measured on the H200: CUTLASS's
       grouped ping-pong GEMM ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in
@@ -175,7 +176,7 @@ class FusedMoE:
         fp8 = native_dtype == "e4m3"
         if fp8:
             check_fp8_layer("comet.FusedMoE", training, hidden_size)
-        check_transport("comet.FusedMoE", transport, training, fp8)
+        check_transport("comet.FusedMoE", transport, fp8)
         _lib.require_cuda("comet.FusedMoE")
         alloc = release = None
         if use_torch_allocator:

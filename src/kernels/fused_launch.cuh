@@ -205,8 +205,9 @@ template <int TileN>
 LaunchLimits grad_layer1_limits_tile() {
   return layer0_limits_for<GradConfig<TileN>, ActivationStore>();
 }
-template <int TileN>
-void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream) {
+// The backward of layer 1 through a transport (launch_grad_layer1_tile: peer pointers).
+template <int TileN, class Transport>
+void launch_grad_layer1_via(const GradLayer1Launch& l, cudaStream_t stream, const Transport& tr) {
   using Cfg = GradConfig<TileN>;
   const DispatchArgs& d = l.dispatch;
   const auto mainloop = Cfg::make_params(d.a, l.rows_cap, d.hidden, l.w1, l.ffn_shard, l.experts);
@@ -222,20 +223,29 @@ void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream) {
     const ActivationGradStore epi{l.act, static_cast<__nv_bfloat16*>(l.pre), l.pre_ld,
                                   static_cast<__nv_bfloat16*>(l.hid), l.ffn_shard, l.gate_partials, l.gate_ld,
                                   l.topk, d.plan.row_unit, d.plan.row_slot, d.plan.unit_gates};
-    launch_layer0_kernel<Cfg>(d, mainloop, ext, epi, l.split, stream);
+    launch_layer0_kernel<Cfg>(d, mainloop, ext, epi, l.split, stream, tr);
     return;
   }
   const ActivationStore epi{EpilogueOp::none, static_cast<__nv_bfloat16*>(l.d), l.ffn_shard, l.ffn_shard, nullptr};
-  launch_layer0_kernel<Cfg>(d, mainloop, ext, epi, l.split, stream);
+  launch_layer0_kernel<Cfg>(d, mainloop, ext, epi, l.split, stream, tr);
+}
+template <int TileN>
+void launch_grad_layer1_tile(const GradLayer1Launch& l, cudaStream_t stream) {
+  launch_grad_layer1_via<TileN>(l, stream, PeerTransport{});
 }
 template <int TileN>
 LaunchLimits grad_layer0_limits_tile() {
   return layer1_limits_for<GradConfig<TileN>>();
 }
+// The backward of layer 0 through a transport (launch_grad_layer0_tile: peer pointers).
+template <int TileN, class Transport>
+void launch_grad_layer0_via(const GradLayer0Launch& l, cudaStream_t stream, const Transport& tr) {
+  launch_layer1_kernel<GradConfig<TileN>>(l.dpre, l.n0, l.w0, l.experts, l.rows_cap, l.y, l.tile_done, l.combine,
+                                          l.split, stream, tr);
+}
 template <int TileN>
 void launch_grad_layer0_tile(const GradLayer0Launch& l, cudaStream_t stream) {
-  launch_layer1_kernel<GradConfig<TileN>>(l.dpre, l.n0, l.w0, l.experts, l.rows_cap, l.y, l.tile_done, l.combine,
-                                          l.split, stream);
+  launch_grad_layer0_via<TileN>(l, stream, PeerTransport{});
 }
 
 }  // namespace comet::kernels

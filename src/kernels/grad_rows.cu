@@ -9,6 +9,7 @@
 #include "comet/cuda_check.hpp"
 #include "kernels/activation_math.cuh"
 #include "kernels/bf16x8.cuh"
+#include "kernels/gate_grad_ship.cuh"
 
 namespace comet::kernels {
 namespace {
@@ -88,19 +89,6 @@ __global__ void activation_grad_kernel(ActivationGradArgs a) {
   }
 }
 
-__global__ void ship_gate_grads_kernel(ShipGateGradsArgs a) {
-  for (int64_t row = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; row < a.max_rows;
-       row += int64_t(gridDim.x) * blockDim.x) {  // 64-bit: max_rows may lie within a grid stride of 2^31
-    const int unit = a.plan.row_unit[row];  // -1: padding, or past the used rows
-    if (unit < 0) continue;
-    float sum = 0.f;
-    for (int b = 0; b < a.blocks; ++b) sum += a.partials[size_t(row) * a.partial_ld + b];
-    const int owner = a.plan.unit_src[unit];
-    const size_t slot = (size_t(a.rank) * a.max_tokens + a.plan.unit_token[unit]) * a.topk + a.plan.row_slot[row];
-    a.peer_recv[owner][slot] = sum;
-  }
-}
-
 __global__ void reduce_gate_grads_kernel(ReduceGateGradsArgs a) {
   const long long n = (long long)a.tokens * a.topk;
   const bool failed = block_call_failed(a.failure);
@@ -142,9 +130,7 @@ void activation_grad(const ActivationGradArgs& args, cudaStream_t stream) {
 }
 
 void ship_gate_grads(const ShipGateGradsArgs& args, cudaStream_t stream) {
-  if (args.max_rows == 0) return;
-  ship_gate_grads_kernel<<<grid_for(args.max_rows), kThreads, 0, stream>>>(args);
-  COMET_CUDA_CHECK_LAUNCH();
+  launch_ship_gate_grads(args, stream, PeerTransport{});
 }
 
 void reduce_gate_grads(const ReduceGateGradsArgs& args, cudaStream_t stream) {

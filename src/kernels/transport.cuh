@@ -18,6 +18,9 @@
 //                     [8l, 8l + 8)) goes to `dst` in rank `rank`'s receive buffer (`local`: dst is this
 //                     rank's own memory).
 //   end_combine()     every slice this warp shipped has landed.
+//   put_float(dst, v, rank), complete_puts()  one fp32 into rank `rank`'s buffer at dst, by one thread
+//                     (the backward's gate gradients, gate_grad_ship.cuh); complete_puts: this thread's
+//                     have landed.
 // Buffer addresses in the role arguments (DispatchArgs::peer_x, CombineArgs::peer_recv) are what the
 // policy needs: the peer's mapped address for PeerTransport, this rank's own symmetric address (the
 // same offset in every PE's heap) for NvshmemTransport.
@@ -40,6 +43,8 @@ struct PeerTransport {
     if (lane * 8 < cols) *reinterpret_cast<uint4*>(dst + lane * 8) = v;  // one 16-byte store a lane
   }
   __device__ void end_combine() {}
+  __device__ void put_float(float* dst, float v, int) { *dst = v; }
+  __device__ void complete_puts() {}
 };
 
 }  // namespace comet::kernels

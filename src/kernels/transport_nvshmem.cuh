@@ -75,6 +75,10 @@ struct NvshmemTransport {
   }
   __device__ void end_combine() { quiet_warp(); }
 
+  // The backward's gate gradients: one fp32 a thread.
+  __device__ void put_float(float* dst, float v, int rank) { nvshmem_float_p(dst, v, pe_base + rank); }
+  __device__ void complete_puts() { nvshmem_quiet(); }
+
  private:
   // One lane quiets for the warp (nvshmem_quiet covers the calling PE's operations); the fence then
   // makes what landed visible GPU-wide before the role publishes it.

@@ -41,7 +41,7 @@ const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMo
                                           const LayerRequest& request) const {
   // Launches 2 and 3 of the planner (comet/tune.hpp): their own table keys, else the cost model with
   // the backward's GEMM shapes (N = F/tp for the backward of layer 1, K = W0 rows for that of layer 0).
-  return planner_.plan(layer == 1 ? 2 : 3, mode, s.tokens, request);
+  return planner_.plan(layer == 1 ? 2 : 3, mode, s.tokens, transport_request(request));
 }
 
 void MoeEngine::check_grad(int rank, const RankGrad& g) const {
@@ -118,7 +118,7 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
     l.gate_ld = gate_blocks();
     l.topk = shape_.topk;
   }
-  auto launch = [&](const auto& x) { kernels::launch_grad_layer1(x, s.stream); };
+  auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/true, par_.world(), launch, [&](const auto& x) {
     // The fused activation backward lives in our kernel's epilogue; a plain D = G W1_e may be CUTLASS's.
     if (d.standalone_gemm == StandaloneGemm::comet || l.fused_activation) return launch(x);
@@ -153,13 +153,14 @@ void MoeEngine::grad_gates(int rank) {
   a.partials = s.gate_partials;
   a.partial_ld = gate_blocks();
   a.blocks = s.gate_partial_blocks;
-  a.peer_recv = reinterpret_cast<float* const*>(team_.peer_ptrs(gate_recv_sym_, rank));
+  a.peer_recv = reinterpret_cast<float* const*>(nvshmem_transport() ? s.own_gate_recv
+                                                                     : team_.peer_ptrs(gate_recv_sym_, rank));
   a.rank = rank;
   a.topk = shape_.topk;
   a.max_tokens = cap_.max_tokens_per_rank;
   a.max_rows = cap_.max_rows_per_rank;
   a.plan = s.plan.view();
-  kernels::ship_gate_grads(a, s.stream);
+  ship_gate_grads(s, a);
 }
 
 void MoeEngine::grad_weights1(int rank, const RankGrad& g, const BackwardOptions& o) {
@@ -223,7 +224,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   check_units(units, mode, "backward of layer 0");
   l.combine = combine_args(s, d.tile_n, units, /*unit_weights=*/true);
   l.split = grid_split(s, planned, mode, 3);
-  auto launch = [&](const auto& x) { kernels::launch_grad_layer0(x, s.stream); };
+  auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
     if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
     grouped_expert_gemm(s, d.standalone_gemm, l.dpre, l.n0, l.w0, /*w_kn=*/true, H, l.y);  // dA = dPre W0_e

@@ -167,6 +167,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
         };
         s->own_x = own(x_sym_);
         s->own_recv = own(recv_sym_);
+        if (options_.training) s->own_gate_recv = own(gate_recv_sym_);
       }
     }
     if (s->computes && options_.training) {
@@ -465,9 +466,8 @@ void MoeEngine::check_transport() {
   COMET_REQUIRE(ipc && ipc->heap() == SymmetricHeap::nvshmem,
                 "FusedMoe: transport nvshmem needs an IpcTeam on NVSHMEM's heap (SymmetricHeap::nvshmem): its PEs "
                 "are the team's ranks");
-  COMET_REQUIRE(!options_.training && options_.dtype == DType::bf16,
-                "FusedMoe: transport nvshmem runs the forward's bf16 layers only so far (training and e4m3 use "
-                "transport peer)");
+  COMET_REQUIRE(options_.dtype == DType::bf16,
+                "FusedMoe: transport nvshmem runs bf16 layers only so far (e4m3 uses transport peer)");
   for (LayerRequest* r : {&options_.layer0, &options_.layer1}) {
     COMET_REQUIRE(!r->tile_n || *r->tile_n == kernels::nvshmem::kTileN, "FusedMoe: transport nvshmem has tile 128x",
                   kernels::nvshmem::kTileN, " only (asked for 128x", r->tile_n.value_or(0), ")");
@@ -507,6 +507,30 @@ void MoeEngine::launch_fused(const RankState& s, const kernels::Layer1Launch& l)
     return kernels::nvshmem::launch_layer1(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
 #endif
   kernels::launch_layer1(l, s.stream);
+}
+
+void MoeEngine::launch_fused(const RankState& s, const kernels::GradLayer1Launch& l) const {
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport())
+    return kernels::nvshmem::launch_grad_layer1(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+#endif
+  kernels::launch_grad_layer1(l, s.stream);
+}
+
+void MoeEngine::launch_fused(const RankState& s, const kernels::GradLayer0Launch& l) const {
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport())
+    return kernels::nvshmem::launch_grad_layer0(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+#endif
+  kernels::launch_grad_layer0(l, s.stream);
+}
+
+void MoeEngine::ship_gate_grads(const RankState& s, const kernels::ShipGateGradsArgs& a) const {
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport())
+    return kernels::nvshmem::ship_gate_grads(a, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+#endif
+  kernels::ship_gate_grads(a, s.stream);
 }
 
 void MoeEngine::grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w,

@@ -19,6 +19,7 @@
 #include "comet/device_plan.hpp"
 #include "comet/fused_moe.hpp"
 #include "kernels/fused_layers.hpp"
+#include "kernels/grad_rows.hpp"
 #include "kernels/local_rows.hpp"
 #include "tune/launch_planner.hpp"
 
@@ -172,6 +173,9 @@ class MoeEngine {
   LayerRequest transport_request(const LayerRequest& request) const;  // the transport's tile where unset
   void launch_fused(const RankState& s, const kernels::Layer0Launch& l) const;
   void launch_fused(const RankState& s, const kernels::Layer1Launch& l) const;
+  void launch_fused(const RankState& s, const kernels::GradLayer1Launch& l) const;
+  void launch_fused(const RankState& s, const kernels::GradLayer0Launch& l) const;
+  void ship_gate_grads(const RankState& s, const kernels::ShipGateGradsArgs& a) const;
   kernels::CombineArgs combine_args(const RankState& s, int tile_n, UnitRange units, bool unit_weights) const;
   kernels::FinalReduceArgs final_reduce_args(const RankState& s, const void* ids, bool ids_64, void* out,
                                              int tokens) const;

@@ -32,6 +32,7 @@ struct MoeEngine::RankState {
   // address of x and of the receive buffer (NvshmemTransport adds the PE; peer pointers are not used).
   const void* const* own_x = nullptr;
   void* const* own_recv = nullptr;
+  void* const* own_gate_recv = nullptr;  // training: the gate gradients' receive buffer, likewise
   LaunchDecision last[kLaunchLayers];     // the planner's decision of the last launch per launch id
   const void* w0 = nullptr;
   const void* w1 = nullptr;
@@ -75,6 +76,7 @@ struct MoeEngine::RankState {
     chosen_n_comm = nullptr;
     own_x = nullptr;
     own_recv = nullptr;
+    own_gate_recv = nullptr;
     sync = kernels::LayerSync{};
     private_bytes = 0;
   }

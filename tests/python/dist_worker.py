@@ -3,8 +3,8 @@ checked against the plain PyTorch MoE on this rank's tokens, forward and backwar
 mismatch.
 
     torchrun --nproc-per-node=N dist_worker.py EP TP            (CUDA IPC, forward and backward)
-    torchrun --nproc-per-node=N dist_worker.py EP TP nvshmem    (NVSHMEM's heap; the forward with NVSHMEM's
-                                                                 device transport against peer pointers)
+    torchrun --nproc-per-node=N dist_worker.py EP TP nvshmem    (NVSHMEM's heap; NVSHMEM's device transport
+                                                                 against peer pointers, forward and backward)
 """
 import os
 import sys
@@ -19,7 +19,7 @@ from moe_problem import (assert_grad_matches, assert_matches, make_problem, rand
                          reference_grads, reference_moe)
 
 
-def check_backward(layer, p, rank: int) -> None:
+def check_backward(layer, p, rank: int):
     """One forward and backward; this rank's dx, dgates and weight shards against autograd through the
     plain MoE over every rank's tokens (every process builds the same problem, so the same reference)."""
     dout = random_douts(p, 78)
@@ -32,28 +32,33 @@ def check_backward(layer, p, rank: int) -> None:
     assert_grad_matches(gates.grad, want.dgates[rank], f"{what} dgates", rows=False)
     assert_grad_matches(layer.w0.grad[0], W.shard_w0(want.gate_up, gated=True, ep=ep, tp=tp, rank=rank), f"{what} dW0")
     assert_grad_matches(layer.w1.grad[0], W.shard_w1(want.down, ep=ep, tp=tp, rank=rank), f"{what} dW1")
+    return x.grad, gates.grad, layer.w0.grad, layer.w1.grad
 
 
 def check_nvshmem_transport(p, tokens, rank: int, ep: int, tp: int) -> None:
     """On NVSHMEM's heap: a layer whose comm blocks use NVSHMEM's gets and puts, and one on the same team
-    with peer pointers. Both against the plain MoE, and bitwise equal to each other (same plan, same
-    kernels, same order of the sums: only how the rows travel differs)."""
+    with peer pointers. Forward and backward of both against the plain MoE, and bitwise equal to each
+    other (same plan, same kernels, same order of the sums: only how the rows travel differs)."""
     team = comet.Team.from_process_group(ep=ep, tp=tp, heap="nvshmem")
     team.set_timeout(20.0)
-    outs = {}
+    outs, grads = {}, {}
     for transport in ("nvshmem", "peer"):
         layer = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=team, max_tokens=max(tokens),
-                               training=False, transport=transport)
+                               transport=transport)
         layer.load_experts(p.gate_up.to(torch.bfloat16).cuda(), p.down.to(torch.bfloat16).cuda())
-        outs[transport] = layer(p.x[rank], p.ids[rank], p.gates[rank])
+        with torch.no_grad():
+            outs[transport] = layer(p.x[rank], p.ids[rank], p.gates[rank])
         torch.cuda.synchronize()
         layer.engine.synchronize()
         assert_matches(outs[transport], reference_moe(p, p.x[rank], p.ids[rank], p.gates[rank]),
                        f"torchrun rank {rank}, transport {transport}")
+        grads[transport] = check_backward(layer, p, rank)
     assert torch.equal(outs["nvshmem"], outs["peer"]), f"rank {rank}: NVSHMEM's transport differs from peer pointers"
+    for name, a, b in zip(("dx", "dgates", "dW0", "dW1"), grads["nvshmem"], grads["peer"]):
+        assert torch.equal(a, b), f"rank {rank}: {name} over NVSHMEM's transport differs from peer pointers"
     team.close()
-    print(f"rank {rank}/{ep * tp}: ok ({outs['peer'].shape[0]} tokens, NVSHMEM transport == peer pointers)",
-          flush=True)
+    print(f"rank {rank}/{ep * tp}: ok ({outs['peer'].shape[0]} tokens, NVSHMEM transport == peer pointers, "
+          f"gradients too)", flush=True)
 
 
 def main() -> int:

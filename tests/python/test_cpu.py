@@ -408,9 +408,9 @@ def test_transport_is_checked_before_the_gpu():
         comet.FusedMoE(None, 256, 512, 8, 2, max_tokens=16, transport="ib")
     with pytest.raises(ValueError, match="transport must be one of"):
         comet.MoELayer(256, 512, 8, 2, transport="")
-    with pytest.raises(ValueError, match="forward's bf16 layers only"):
-        comet.MoELayer(256, 512, 8, 2, transport="nvshmem")  # training defaults to True for bf16
-    with pytest.raises(ValueError, match="forward's bf16 layers only"):
+    with pytest.raises(ValueError, match="bf16 layers only"):
+        comet.MoELayer(256, 512, 8, 2, dtype=torch.float8_e4m3fn, transport="nvshmem")
+    with pytest.raises(ValueError, match="bf16 layers only"):
         comet.FusedMoE(None, 256, 512, 8, 2, max_tokens=16, dtype=torch.float8_e4m3fn, transport="nvshmem")
 
 

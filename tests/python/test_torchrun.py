@@ -27,8 +27,9 @@ def test_torchrun_processes_match_the_reference(ep, tp):
                     reason="no CUDA GPU, or NVSHMEM's host library does not load (COMET_NVSHMEM_LIB)")
 @pytest.mark.parametrize("ep", [2, 4])
 def test_torchrun_nvshmem_transport_matches_peer_pointers(ep):
-    """The forward with NVSHMEM's device transport (transport="nvshmem") on NVSHMEM's heap, against the
-    plain MoE and bitwise against the same layer with peer pointers, ep processes on the one GPU."""
+    """Forward and backward with NVSHMEM's device transport (transport="nvshmem") on NVSHMEM's heap,
+    against the plain MoE and bitwise against the same layer with peer pointers, ep processes on the one
+    GPU."""
     here = os.path.dirname(__file__)
     cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={ep}", "--standalone",
            os.path.join(here, "dist_worker.py"), str(ep), "1", "nvshmem"]

@@ -1,8 +1,10 @@
-// The forward's fused layers over NVSHMEM (fused_nvshmem.hpp): fused_launch.cuh's launchers with
-// NvshmemTransport, one tile width, and the binding of this module's NVSHMEM device state.
+// The fused layers over NVSHMEM (fused_nvshmem.hpp): fused_launch.cuh's launchers (forward and
+// backward) and the gate-gradient ship with NvshmemTransport, one tile width, and the binding of this
+// module's NVSHMEM device state.
 #include "kernels/nvshmem/fused_nvshmem.hpp"
 
 #include "kernels/fused_launch.cuh"
+#include "kernels/gate_grad_ship.cuh"
 #include "kernels/transport_nvshmem.cuh"
 
 namespace comet::kernels::nvshmem {
@@ -57,6 +59,24 @@ void launch_layer1(const Layer1Launch& l, const TransportArgs& t, cudaStream_t s
   COMET_REQUIRE(t.staging != nullptr || l.split.n_comm == 0,
                 "fused layer 1 over NVSHMEM: comm blocks need the put staging (staging_bytes)");
   launch_layer1_for<Cfg>(l, stream, transport_of(t));
+}
+
+void launch_grad_layer1(const GradLayer1Launch& l, const TransportArgs& t, cudaStream_t stream) {
+  COMET_REQUIRE(l.tile_n == kTileN, "backward of layer 1 over NVSHMEM: tile 128x", kTileN, " only (asked: 128x",
+                l.tile_n, ")");
+  launch_grad_layer1_via<kTileN>(l, stream, transport_of(t));
+}
+
+void launch_grad_layer0(const GradLayer0Launch& l, const TransportArgs& t, cudaStream_t stream) {
+  COMET_REQUIRE(l.tile_n == kTileN, "backward of layer 0 over NVSHMEM: tile 128x", kTileN, " only (asked: 128x",
+                l.tile_n, ")");
+  COMET_REQUIRE(t.staging != nullptr || l.split.n_comm == 0,
+                "backward of layer 0 over NVSHMEM: comm blocks need the put staging (staging_bytes)");
+  launch_grad_layer0_via<kTileN>(l, stream, transport_of(t));
+}
+
+void ship_gate_grads(const ShipGateGradsArgs& a, const TransportArgs& t, cudaStream_t stream) {
+  launch_ship_gate_grads(a, stream, transport_of(t));
 }
 
 }  // namespace comet::kernels::nvshmem

@@ -2,8 +2,8 @@
 // kernels as fused_layers.hpp's, whose comm blocks get rows from and put slices to PEs instead of
 // loading and storing through peer pointers. Built into comet where NVSHMEM's headers are
 // (COMET_HAVE_NVSHMEM_KERNELS); FusedMoe launches them with MoeOptions::transport = nvshmem. This header
-// keeps NVSHMEM's own headers out of its users. One tile width for now (kTileN), bf16, the forward's
-// two layers.
+// keeps NVSHMEM's own headers out of its users. One tile width for now (kTileN), bf16: the forward's two
+// layers, the backward's two fused kernels and its gate-gradient ship.
 //
 // The arguments are those of launch_layer0 / launch_layer1, with one difference: every entry of
 // dispatch.peer_x and combine.peer_recv holds this rank's own symmetric address of the buffer (the
@@ -19,6 +19,7 @@
 #include <cstddef>
 
 #include "kernels/fused_layers.hpp"
+#include "kernels/grad_rows.hpp"
 
 namespace comet::kernels::nvshmem {
 
@@ -47,5 +48,8 @@ LaunchLimits layer0_limits();
 LaunchLimits layer1_limits();
 void launch_layer0(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream);
 void launch_layer1(const Layer1Launch& l, const TransportArgs& t, cudaStream_t stream);
+void launch_grad_layer1(const GradLayer1Launch& l, const TransportArgs& t, cudaStream_t stream);
+void launch_grad_layer0(const GradLayer0Launch& l, const TransportArgs& t, cudaStream_t stream);
+void ship_gate_grads(const ShipGateGradsArgs& a, const TransportArgs& t, cudaStream_t stream);
 
 }  // namespace comet::kernels::nvshmem

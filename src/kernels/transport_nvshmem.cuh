@@ -11,7 +11,7 @@
 //
 // Layer 0: the issuer warp gets a unit's row from its owner's symmetric x straight into the unit's
 //   first row of the gathered buffer (nvshmemx_getmem_nbi_warp); one quiet per publish slot (up to 8
-//   units) completes them. Across nodes (IBGDA) the gathered buffer must be symmetric or registered
+//   units) completes them. Across nodes the gathered buffer must be symmetric or registered
 //   (nvshmemx_buffer_register): the NIC writes it.
 // Layer 1: a slice is summed in registers, so it has no address a put could read: each comm warp
 //   stages its slices in a ring of kStagingSlices slices of 512 bytes (symmetric or registered memory,
@@ -26,6 +26,16 @@
 #ifndef NVSHMEM_ENABLE_ALL_DEVICE_INLINING
 #define NVSHMEM_ENABLE_ALL_DEVICE_INLINING  // see above: no calls in the fused kernels
 #endif
+// IBGDA off, whatever the build machine has: its inlined device code keeps calls (ptxas C7510 on both
+// fused kernels: "wgmma.mma_async instructions are serialized due to wgmma pipeline crossing function
+// boundary at a function call", NVSHMEM 3.8.0 with rdma-core's mlx5dv.h installed), and NVSHMEM 3.4.5
+// declares its device state for relocatable code only. Across nodes the puts and gets then go through
+// NVSHMEM's proxy (its default; NVSHMEM_IB_ENABLE_IBGDA must stay unset). The build options header is
+// `#pragma once`: its later inclusions do not define them again.
+#include <non_abi/nvshmem_build_options.h>
+#undef NVSHMEM_IBGDA_SUPPORT
+#undef NVSHMEM_IBGDA_SUPPORT_GPUMEM_ONLY
+#undef NVSHMEM_GPUNETIO_SUPPORT
 #include <nvshmem.h>
 #include <nvshmemx.h>
 

@@ -83,7 +83,7 @@ const Api& api() {
 const Api& loaded_api() {
   const Api& a = api();
   COMET_REQUIRE(a.handle, "NVSHMEM's host library could not be loaded (", a.error,
-                "); set COMET_NVSHMEM_LIB to libnvshmem_host.so.3 (pip install nvidia-nvshmem-cu13==3.8.0)");
+                "); set COMET_NVSHMEM_LIB to libnvshmem_host.so.3 (pip install nvidia-nvshmem-cu13==3.4.5, the version torch 2.11 uses)");
   return a;
 }
 
@@ -162,7 +162,7 @@ void NvshmemHeap::finalize() {
 void* NvshmemHeap::culibrary_init() {
   const Api& a = loaded_api();
   void* fn = dlsym(a.handle, "nvshmemx_culibrary_init");
-  COMET_REQUIRE(fn != nullptr, "NVSHMEM: ", a.path, " has no nvshmemx_culibrary_init (NVSHMEM 3.8.0 has it)");
+  COMET_REQUIRE(fn != nullptr, "NVSHMEM: ", a.path, " has no nvshmemx_culibrary_init (NVSHMEM 3.4.5 has it)");
   return fn;
 }
 

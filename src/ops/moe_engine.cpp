@@ -493,10 +493,20 @@ LayerRequest MoeEngine::transport_request(const LayerRequest& request) const {
   return r;
 }
 
+#if COMET_HAVE_NVSHMEM_KERNELS
+namespace {
+// The NVSHMEM transport's arguments for a rank's launches: the team's ranks are PEs 0..W-1 (the heap
+// checks it), and the rank's put staging.
+kernels::nvshmem::TransportArgs nvshmem_args(const Team& team, SymmetricId staging, int rank) {
+  return {0, team.local_ptr(staging, rank)};
+}
+}  // namespace
+#endif
+
 void MoeEngine::launch_fused(const RankState& s, const kernels::Layer0Launch& l) const {
 #if COMET_HAVE_NVSHMEM_KERNELS
   if (nvshmem_transport())
-    return kernels::nvshmem::launch_layer0(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+    return kernels::nvshmem::launch_layer0(l, nvshmem_args(team_, staging_sym_, s.rank), s.stream);
 #endif
   kernels::launch_layer0(l, s.stream);
 }
@@ -504,7 +514,7 @@ void MoeEngine::launch_fused(const RankState& s, const kernels::Layer0Launch& l)
 void MoeEngine::launch_fused(const RankState& s, const kernels::Layer1Launch& l) const {
 #if COMET_HAVE_NVSHMEM_KERNELS
   if (nvshmem_transport())
-    return kernels::nvshmem::launch_layer1(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+    return kernels::nvshmem::launch_layer1(l, nvshmem_args(team_, staging_sym_, s.rank), s.stream);
 #endif
   kernels::launch_layer1(l, s.stream);
 }
@@ -512,7 +522,7 @@ void MoeEngine::launch_fused(const RankState& s, const kernels::Layer1Launch& l)
 void MoeEngine::launch_fused(const RankState& s, const kernels::GradLayer1Launch& l) const {
 #if COMET_HAVE_NVSHMEM_KERNELS
   if (nvshmem_transport())
-    return kernels::nvshmem::launch_grad_layer1(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+    return kernels::nvshmem::launch_grad_layer1(l, nvshmem_args(team_, staging_sym_, s.rank), s.stream);
 #endif
   kernels::launch_grad_layer1(l, s.stream);
 }
@@ -520,7 +530,7 @@ void MoeEngine::launch_fused(const RankState& s, const kernels::GradLayer1Launch
 void MoeEngine::launch_fused(const RankState& s, const kernels::GradLayer0Launch& l) const {
 #if COMET_HAVE_NVSHMEM_KERNELS
   if (nvshmem_transport())
-    return kernels::nvshmem::launch_grad_layer0(l, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+    return kernels::nvshmem::launch_grad_layer0(l, nvshmem_args(team_, staging_sym_, s.rank), s.stream);
 #endif
   kernels::launch_grad_layer0(l, s.stream);
 }
@@ -528,7 +538,7 @@ void MoeEngine::launch_fused(const RankState& s, const kernels::GradLayer0Launch
 void MoeEngine::ship_gate_grads(const RankState& s, const kernels::ShipGateGradsArgs& a) const {
 #if COMET_HAVE_NVSHMEM_KERNELS
   if (nvshmem_transport())
-    return kernels::nvshmem::ship_gate_grads(a, {0, team_.local_ptr(staging_sym_, s.rank)}, s.stream);
+    return kernels::nvshmem::ship_gate_grads(a, nvshmem_args(team_, staging_sym_, s.rank), s.stream);
 #endif
   kernels::ship_gate_grads(a, s.stream);
 }

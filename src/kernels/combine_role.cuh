@@ -160,7 +160,7 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
       const int chunk_col = __shfl_sync(0xffffffffu, b.col, i * k);
       const int col = chunk_col + lane * 8;
       auto* dst = reinterpret_cast<__nv_bfloat16*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(b.dst), i));
-      const int owner = __shfl_sync(0xffffffffu, b.owner, i);
+      const int owner = Transport::kShipsByRank ? __shfl_sync(0xffffffffu, b.owner, i) : -1;
       float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
       for (unsigned m = (b.valid >> (i * k)) & slot_mask; m != 0; m &= m - 1, src += kCombineSliceBytes, ++s) {
         const int p = i * k + __ffs(m) - 1;

@@ -390,10 +390,11 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
   const int first = begin + comm_index;
   const int count = max(0, (end - first + n_comm - 1) / n_comm);
-  // Warp issuers stage nothing in shared memory: all kIssuers pipelines run.
+  // Warp issuers stage nothing in shared memory: all kIssuers pipelines run, one (unused) stage each.
+  // Bulk-copy issuers: >= 1 pipeline, as the launcher checks all_stages >= 2.
   const int all_stages = Transport::kWarpPulls ? kIssuers : row_stages(smem_bytes, d.hidden);
-  const int issuers = Transport::kWarpPulls ? kIssuers : issuers_for(all_stages);  // >= 1: the launcher
-  const int stages = all_stages / issuers;                                          // checks all_stages >= 2
+  const int issuers = Transport::kWarpPulls ? kIssuers : issuers_for(all_stages);
+  const int stages = all_stages / issuers;
   if (threadIdx.x == 0) {
     for (int s = 0; s < issuers * stages; ++s) dev::mbarrier_init(sm.load_bar(s), 1);
     for (int s = 0; s < kMetaSlots; ++s) {

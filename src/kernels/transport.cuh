@@ -3,16 +3,18 @@
 // a template argument. Two policies exist:
 //   PeerTransport     (here)                  a peer's buffer is an address this GPU can load from and
 //                                             store to: a CUDA IPC mapping, NVSHMEM's nvshmem_ptr, or
-//                                             mapped host memory (link=host). What every fused kernel uses.
+//                                             mapped host memory (link=host). The default everywhere.
 //   NvshmemTransport  (transport_nvshmem.cuh)  NVSHMEM device calls (get / put to a PE), for peers that
-//                                             no pointer reaches (another node). Needs NVSHMEM's device
-//                                             library, i.e. relocatable device code.
+//                                             no pointer reaches (another node); NVSHMEM's device API
+//                                             inlined, whole-program (that header says why).
 // What a policy provides:
 //   kWarpPulls        false: layer 0's issuer is one thread that moves a row with a bulk copy through
 //                     shared memory (issue_pulls); true: the issuer is a whole warp that calls get_row
 //                     straight into the gathered buffer and complete_gets per publish slot (issue_gets).
 //   get_row(dst, src, bytes, rank)  (kWarpPulls only) start a warp's copy of a row of rank `rank`.
 //   complete_gets()   (kWarpPulls only) every get this warp started has landed and is visible on the GPU.
+//   kShipsByRank      ship needs the destination's rank (else the role does not fetch it per item: the
+//                     combine is instruction-bound, and the peer pointer already names the rank).
 //   begin_combine(warp)  a comm warp starts layer 1's combine (`warp`: its index among all comm warps).
 //   ship(dst, rank, local, v, cols)  the warp's partial slice of `cols` columns (lane l holds columns
 //                     [8l, 8l + 8)) goes to `dst` in rank `rank`'s receive buffer (`local`: dst is this
@@ -33,10 +35,9 @@
 namespace comet::kernels {
 
 struct PeerTransport {
-  static constexpr bool kWarpPulls = false;
+  static constexpr bool kWarpPulls = false;  // issue_pulls: no get_row / complete_gets
+  static constexpr bool kShipsByRank = false;
 
-  __device__ void get_row(void*, const void*, uint32_t, int) {}  // not used: issue_pulls bulk-copies
-  __device__ void complete_gets() {}
   __device__ void begin_combine(int) {}
   __device__ void ship(__nv_bfloat16* dst, int, bool, const uint4& v, int cols) {
     const int lane = threadIdx.x % 32;

@@ -45,6 +45,7 @@ namespace comet::kernels {
 
 struct NvshmemTransport {
   static constexpr bool kWarpPulls = true;
+  static constexpr bool kShipsByRank = true;
   static constexpr int kStagingSlices = 8;  // per comm warp
   static constexpr int kSliceColumns = 256;
 

@@ -91,15 +91,20 @@ class Team {
   bool spans_processes() const { return local_ranks().size() < size_t(world_); }
   // `rank`'s own copy, as `rank` addresses it (rank must be local).
   void* local_ptr(SymmetricId buf, int rank) const;
-  // Device array [W]: entry p is peer p's copy as `rank` addresses it (entry rank == local_ptr).
+  // Device array [W]: entry p is peer p's copy as `rank` addresses it (entry rank == local_ptr); null
+  // for a peer whose memory no pointer reaches (maps_peers() false).
   void* const* peer_ptrs(SymmetricId buf, int rank) const;
   // Host-side copy of the same table.
   void* peer_ptr(SymmetricId buf, int rank, int peer) const;
   size_t symmetric_bytes(SymmetricId buf) const;
+  // Whether every rank reaches every peer's buffers with loads and stores (peer_ptrs has no null).
+  // False for an IpcTeam on NVSHMEM's heap across nodes: its signals and barrier then go through
+  // NVSHMEM, and a FusedMoe on it needs MoeOptions::transport = nvshmem.
+  bool maps_peers() const { return maps_peers_; }
 
   // Signal words: every rank owns kNumSignals uint64 words in exported memory; peers set them.
   static constexpr int kNumSignals = 64;
-  uint64_t* signal_ptr(int rank, int owner, int id) const;  // owner's word `id` as `rank` addresses it
+  uint64_t* signal_ptr(int rank, int owner, int id) const;  // owner's word `id` as `rank` addresses it; null: unmapped
   // Enqueue on `rank`'s stream: set owner's word `id` to value (release, system scope).
   void signal_set(int rank, int owner, int id, uint64_t value);
   // Enqueue on `rank`'s stream: wait (bounded) until rank's own word `id` >= value.
@@ -153,6 +158,8 @@ class Team {
   // The allocation's tables released and the id marked freed (the backend frees the memory itself).
   Allocation retire_allocation(SymmetricId buf);
   void release_base() noexcept;
+  // signal_set to an owner no pointer reaches (maps_peers() false); the base class has no other way.
+  virtual void signal_set_unmapped(int rank, int owner, int id, uint64_t value);
 
   int world_;
   Link link_;
@@ -162,6 +169,7 @@ class Team {
   std::vector<Allocation> allocations_;
   SymmetricId signals_{};               // kNumSignals words per rank (plus the barrier's words)
   bool closed_ = false;
+  bool maps_peers_ = true;
 };
 
 // W virtual ranks in one process on one GPU.
@@ -188,8 +196,10 @@ using AllGatherFn = std::function<void(const void* mine, void* all, size_t bytes
 //  cuda_ipc  each process cudaMalloc's its copy and shares it with a CUDA IPC memory handle.
 //  nvshmem   NVSHMEM's symmetric heap (nvshmem_malloc; a peer's copy through nvshmem_ptr), NVSHMEM
 //            bootstrapped from a unique id that travels through the all-gather; its host library is
-//            loaded at run time (nvshmem_available()). One node for now; one NVSHMEM team per process
-//            at a time. Teardown as cuda_ipc's; without close(), its buffers live until the process ends.
+//            loaded at run time (nvshmem_available()). One NVSHMEM team per process at a time.
+//            Where a peer's copy has no pointer (another node; COMET_NVSHMEM_PEER_POINTERS=0 on one),
+//            maps_peers() is false and the signals and the barrier are NVSHMEM signal operations.
+//            Teardown as cuda_ipc's; without close(), its buffers live until the process ends.
 enum class SymmetricHeap : int { cuda_ipc = 0, nvshmem = 1 };
 const char* to_string(SymmetricHeap heap);
 SymmetricHeap parse_heap(const std::string& s);  // "cuda_ipc" | "nvshmem"; throws InvalidArgument
@@ -229,6 +239,7 @@ class IpcTeam final : public Team {
 
  private:
   SymmetricId alloc_nvshmem(size_t bytes);
+  void signal_set_unmapped(int rank, int owner, int id, uint64_t value) override;
 
   int rank_;
   AllGatherFn all_gather_;

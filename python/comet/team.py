@@ -44,7 +44,9 @@ class Team:
         group calls it. The CUDA IPC handles travel through a gloo group over the same ranks (made here
         when `group` is not gloo: NCCL refuses two ranks on one GPU, which this team allows).
         heap="nvshmem": the symmetric buffers come from NVSHMEM's heap instead (its unique id travels the
-        same way; comet._C.nvshmem_available() says whether its host library loads; one node for now)."""
+        same way; comet._C.nvshmem_available() says whether its host library loads). Where some peer's
+        buffers have no pointer (another node), `maps_peers` is False: the team signals through NVSHMEM
+        and its layers need transport="nvshmem"."""
         import torch.distributed as dist
 
         _lib.require_cuda("Team.from_process_group")
@@ -78,6 +80,12 @@ class Team:
     @property
     def link(self) -> str:
         return self._native.link
+
+    @property
+    def maps_peers(self) -> bool:
+        """Whether this process reaches every peer's buffers with loads and stores (False for NVSHMEM's
+        heap across nodes, or with COMET_NVSHMEM_PEER_POINTERS=0: layers then need transport="nvshmem")."""
+        return self._native.maps_peers
 
     @property
     def local_ranks(self) -> list[int]:

@@ -232,6 +232,7 @@ NB_MODULE(_C, m) {
       .def_prop_ro("world", &Team::world)
       .def_prop_ro("link", [](const Team& t) { return std::string(to_string(t.link())); })
       .def_prop_ro("device", &Team::device)
+      .def_prop_ro("maps_peers", &Team::maps_peers)
       .def("local_ranks", &Team::local_ranks)
       .def("set_timeout", &Team::set_timeout, nb::arg("seconds"))
       .def_prop_ro("timeout", &Team::timeout)

@@ -1,17 +1,11 @@
-// The two one-thread kernels of peer_failure.hpp.
+// The two one-thread kernels of peer_failure.hpp (the publish over peer pointers; peer_failure.cuh).
 #include "kernels/peer_failure.hpp"
+#include "kernels/peer_failure.cuh"
 
 #include "comet/cuda_check.hpp"
 
 namespace comet::kernels {
 namespace {
-
-__global__ void publish_failure_kernel(PublishFailureArgs a) {
-  if (!call_failed(a.failure)) return;
-  for (int q = 0; q < a.world; ++q)
-    if (q != a.rank) *reinterpret_cast<volatile int32_t*>(a.peer_words[q] + a.rank) = 1;
-  __threadfence_system();  // before the barrier's arrival, which follows on the stream
-}
 
 __global__ void gather_peer_failures_kernel(GatherFailuresArgs a) {
   for (int s = 0; s < a.team.world; ++s) {
@@ -33,8 +27,7 @@ __global__ void gather_peer_failures_kernel(GatherFailuresArgs a) {
 }  // namespace
 
 void publish_failure(const PublishFailureArgs& args, cudaStream_t stream) {
-  publish_failure_kernel<<<1, 1, 0, stream>>>(args);
-  COMET_CUDA_CHECK(cudaGetLastError());
+  launch_publish_failure(args, stream, PeerTransport{});
 }
 
 void gather_peer_failures(const GatherFailuresArgs& args, cudaStream_t stream) {

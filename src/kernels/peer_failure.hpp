@@ -24,7 +24,9 @@ namespace comet::kernels {
 
 struct PublishFailureArgs {
   CallFailure failure;           // this rank's own failure (no peer words)
-  int32_t* const* peer_words;    // [W]: peer q's failure area [W] int32 as this rank addresses it
+  // [W]: peer q's failure area [W] int32 as this rank addresses it (the transport's address: its own
+  // symmetric address for NVSHMEM, kernels/transport.cuh)
+  int32_t* const* peer_words;
   int rank = 0, world = 1;
 };
 // If this rank's call failed: peer_words[q][rank] = 1 for every peer q.

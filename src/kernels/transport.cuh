@@ -20,9 +20,10 @@
 //                     [8l, 8l + 8)) goes to `dst` in rank `rank`'s receive buffer (`local`: dst is this
 //                     rank's own memory).
 //   end_combine()     every slice this warp shipped has landed.
-//   put_float(dst, v, rank), complete_puts()  one fp32 into rank `rank`'s buffer at dst, by one thread
-//                     (the backward's gate gradients, gate_grad_ship.cuh); complete_puts: this thread's
-//                     have landed.
+//   put_float(dst, v, rank), put_int(dst, v, rank), complete_puts()  one fp32 / int32 into rank
+//                     `rank`'s buffer at dst, by one thread (the backward's gate gradients,
+//                     gate_grad_ship.cuh; a failed call's words, peer_failure.cuh); complete_puts: this
+//                     thread's have landed.
 // Buffer addresses in the role arguments (DispatchArgs::peer_x, CombineArgs::peer_recv) are what the
 // policy needs: the peer's mapped address for PeerTransport, this rank's own symmetric address (the
 // same offset in every PE's heap) for NvshmemTransport.
@@ -45,6 +46,7 @@ struct PeerTransport {
   }
   __device__ void end_combine() {}
   __device__ void put_float(float* dst, float v, int) { *dst = v; }
+  __device__ void put_int(int32_t* dst, int32_t v, int) { *reinterpret_cast<volatile int32_t*>(dst) = v; }
   __device__ void complete_puts() {}
 };
 

@@ -1,13 +1,8 @@
 // NvshmemTransport (transport.cuh has the policy's contract): the comm roles' remote accesses as
 // NVSHMEM device calls, for peers no pointer reaches.
 //
-// How it is built (measured with ptxas on the fused kernels, docs/nvshmem.md): NOT as relocatable
-// device code. Compiled with -rdc, ptxas drops setmaxnreg and serialises every wgmma of a kernel with
-// a call it cannot see (NVSHMEM's quiet, its proxy path, or anything else: even our own kernels
-// without a call are compiled that way under -rdc). So NVSHMEM's device API is fully inlined here
-// (NVSHMEM_ENABLE_ALL_DEVICE_INLINING), each translation unit that includes this gets its own copy of
-// NVSHMEM's device state, and the host binds it once per module with nvshmemx_culibrary_init
-// (kernels/nvshmem/fused_nvshmem.hpp: bind_device_state). No device library is linked.
+// How it is built: team/nvshmem_device.cuh (NVSHMEM's device API inlined, whole-program, IBGDA off;
+// that header says why).
 //
 // Layer 0: the issuer warp gets a unit's row from its owner's symmetric x straight into the unit's
 //   first row of the gathered buffer (nvshmemx_getmem_nbi_warp); one quiet per publish slot (up to 8
@@ -23,21 +18,7 @@
 
 #include <cuda_bf16.h>
 
-#ifndef NVSHMEM_ENABLE_ALL_DEVICE_INLINING
-#define NVSHMEM_ENABLE_ALL_DEVICE_INLINING  // see above: no calls in the fused kernels
-#endif
-// IBGDA off, whatever the build machine has: its inlined device code keeps calls (ptxas C7510 on both
-// fused kernels: "wgmma.mma_async instructions are serialized due to wgmma pipeline crossing function
-// boundary at a function call", NVSHMEM 3.8.0 with rdma-core's mlx5dv.h installed), and NVSHMEM 3.4.5
-// declares its device state for relocatable code only. Across nodes the puts and gets then go through
-// NVSHMEM's proxy (its default; NVSHMEM_IB_ENABLE_IBGDA must stay unset). The build options header is
-// `#pragma once`: its later inclusions do not define them again.
-#include <non_abi/nvshmem_build_options.h>
-#undef NVSHMEM_IBGDA_SUPPORT
-#undef NVSHMEM_IBGDA_SUPPORT_GPUMEM_ONLY
-#undef NVSHMEM_GPUNETIO_SUPPORT
-#include <nvshmem.h>
-#include <nvshmemx.h>
+#include "team/nvshmem_device.cuh"
 
 #include <cstdint>
 
@@ -86,8 +67,9 @@ struct NvshmemTransport {
   }
   __device__ void end_combine() { quiet_warp(); }
 
-  // The backward's gate gradients: one fp32 a thread.
+  // The backward's gate gradients and a failed call's words: one value a thread.
   __device__ void put_float(float* dst, float v, int rank) { nvshmem_float_p(dst, v, pe_base + rank); }
+  __device__ void put_int(int32_t* dst, int32_t v, int rank) { nvshmem_int32_p(dst, v, pe_base + rank); }
   __device__ void complete_puts() { nvshmem_quiet(); }
 
  private:

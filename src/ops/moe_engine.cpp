@@ -51,6 +51,14 @@ TuneTable load_table(const std::string& path) {
   return path.empty() ? TuneTable::load_default() : TuneTable::load(path);
 }
 
+#if COMET_HAVE_NVSHMEM_KERNELS
+// The NVSHMEM transport's arguments for a rank's launches: the team's ranks are PEs 0..W-1 (the heap
+// checks it), and the rank's put staging.
+kernels::nvshmem::TransportArgs nvshmem_args(const Team& team, SymmetricId staging, int rank) {
+  return {0, team.local_ptr(staging, rank)};
+}
+#endif
+
 }  // namespace
 
 void* MoeEngine::alloc(RankState& s, size_t bytes) {
@@ -159,15 +167,21 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       s->gemm_workspace = alloc(*s, s->gemm_workspace_bytes);
       if (nvshmem_transport()) {
         // This rank's own symmetric addresses, once per rank: the NVSHMEM transport names the peer by PE.
-        auto own = [&](SymmetricId id) {
-          const std::vector<void*> addrs(W, team_.local_ptr(id, r));
+        auto table = [&](const std::vector<void*>& addrs) {
           void* d = alloc(*s, W * sizeof(void*));
           COMET_CUDA_CHECK(cudaMemcpy(d, addrs.data(), W * sizeof(void*), cudaMemcpyHostToDevice));
           return static_cast<void* const*>(d);
         };
+        auto own = [&](SymmetricId id) { return table(std::vector<void*>(W, team_.local_ptr(id, r))); };
         s->own_x = own(x_sym_);
         s->own_recv = own(recv_sym_);
+        s->own_failed = reinterpret_cast<int32_t* const*>(own(failed_sym_));
         if (options_.training) s->own_gate_recv = own(gate_recv_sym_);
+        const size_t routing_bytes = RoutingBufferLayout{T, shape_.topk}.bytes();
+        s->routing_mirror = alloc(*s, W * routing_bytes);
+        std::vector<void*> slots(W);
+        for (int p = 0; p < W; ++p) slots[p] = static_cast<char*>(s->routing_mirror) + p * routing_bytes;
+        s->mirror_slots = table(slots);
       }
     }
     if (s->computes && options_.training) {
@@ -186,6 +200,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       s->wgrad_workspace_bytes = kernels::weight_grad_grouped_workspace_bytes(par_.local_experts(shape_));
       s->wgrad_workspace = alloc(*s, 2 * s->wgrad_workspace_bytes);
     }
+    if (s->computes && nvshmem_transport()) register_get_targets(*s);
     COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->joined, cudaEventDisableTiming));
     ranks_.push_back(std::move(s));
   }
@@ -320,7 +335,19 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
 
 void MoeEngine::prepare(int rank) {
   RankState& s = compute_state(rank);
-  s.plan.build(team_.peer_ptrs(routing_sym_, rank), s.stream);
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport()) {
+    // No peer pointers on this transport: the plan reads every rank's routing from a local copy.
+    kernels::nvshmem::GatherRoutingArgs g;
+    g.routing = team_.local_ptr(routing_sym_, rank);
+    g.mirror = s.routing_mirror;
+    g.max_tokens = cap_.max_tokens_per_rank;
+    g.topk = shape_.topk;
+    g.world = par_.world();
+    kernels::nvshmem::gather_routing(g, nvshmem_args(team_, staging_sym_, rank), s.stream);
+  }
+#endif
+  s.plan.build(nvshmem_transport() ? s.mirror_slots : team_.peer_ptrs(routing_sym_, rank), s.stream);
   kernels::advance_epoch(s.sync.epoch, s.stream);
   if (s.tokens > 0) {
     // bf16 rows come from the caller's x; records from the exported buffer stage() quantised them into.
@@ -459,6 +486,9 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
 void MoeEngine::check_transport() {
   if (!nvshmem_transport()) {
     COMET_REQUIRE(options_.transport == DeviceTransport::peer, "FusedMoe: unknown transport ", int(options_.transport));
+    COMET_REQUIRE(team_.maps_peers(),
+                  "FusedMoe: transport peer needs a pointer to every rank's buffers, and this team has none to some "
+                  "(NVSHMEM across nodes, or COMET_NVSHMEM_PEER_POINTERS=0): use MoeOptions::transport = nvshmem");
     return;
   }
 #if COMET_HAVE_NVSHMEM_KERNELS
@@ -476,12 +506,33 @@ void MoeEngine::check_transport() {
   // Each NVSHMEM initialisation needs the kernels' module bound again (its device state).
   static int bound_session = -1;
   if (bound_session != team_detail::NvshmemHeap::session()) {
-    kernels::nvshmem::bind_fused_kernels(
-        reinterpret_cast<kernels::nvshmem::CulibraryInit>(team_detail::NvshmemHeap::culibrary_init()));
+    kernels::nvshmem::bind_fused_kernels();
     bound_session = team_detail::NvshmemHeap::session();
   }
 #else
   throw InvalidArgument("FusedMoe: transport nvshmem needs comet built with NVSHMEM's headers (scripts/setup-deps)");
+#endif
+}
+
+// Where NVSHMEM moves data through a NIC, the local ends of its gets must be registered with it: the
+// gathered rows A (layer 0's pulls), G (the backward's pulls of output gradients) and the routing mirror. (The put
+// staging and the receive buffers are symmetric.) On one node NVSHMEM copies over peer mappings and
+// needs none of this.
+void MoeEngine::register_get_targets(RankState& s) {
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (!team_detail::NvshmemHeap::remote_transport()) return;
+  s.unregister = [](void* p) { team_detail::NvshmemHeap::unregister_buffer(p); };
+  const size_t rows = size_t(cap_.max_rows_per_rank), row_bytes = size_t(shape_.hidden) * 2;
+  auto add = [&](void* p, size_t bytes) {
+    if (!p) return;
+    team_detail::NvshmemHeap::register_buffer(p, bytes);
+    s.registered.push_back(p);
+  };
+  add(s.a, rows * row_bytes);
+  add(s.grad_rows, rows * row_bytes);
+  add(s.routing_mirror, size_t(par_.world()) * RoutingBufferLayout{cap_.max_tokens_per_rank, shape_.topk}.bytes());
+#else
+  (void)s;
 #endif
 }
 
@@ -493,15 +544,6 @@ LayerRequest MoeEngine::transport_request(const LayerRequest& request) const {
   return r;
 }
 
-#if COMET_HAVE_NVSHMEM_KERNELS
-namespace {
-// The NVSHMEM transport's arguments for a rank's launches: the team's ranks are PEs 0..W-1 (the heap
-// checks it), and the rank's put staging.
-kernels::nvshmem::TransportArgs nvshmem_args(const Team& team, SymmetricId staging, int rank) {
-  return {0, team.local_ptr(staging, rank)};
-}
-}  // namespace
-#endif
 
 void MoeEngine::launch_fused(const RankState& s, const kernels::Layer0Launch& l) const {
 #if COMET_HAVE_NVSHMEM_KERNELS
@@ -567,9 +609,12 @@ void MoeEngine::publish_failure(int rank) {
   kernels::PublishFailureArgs a;
   a.failure = call_failure(s);
   a.failure.peer_words = nullptr;  // its own failure: a peer's does not need telling twice
-  a.peer_words = reinterpret_cast<int32_t* const*>(team_.peer_ptrs(failed_sym_, rank));
+  a.peer_words = nvshmem_transport() ? s.own_failed : reinterpret_cast<int32_t* const*>(team_.peer_ptrs(failed_sym_, rank));
   a.rank = rank;
   a.world = par_.world();
+#if COMET_HAVE_NVSHMEM_KERNELS
+  if (nvshmem_transport()) return kernels::nvshmem::publish_failure(a, nvshmem_args(team_, staging_sym_, rank), s.stream);
+#endif
   kernels::publish_failure(a, s.stream);
 }
 

@@ -171,6 +171,7 @@ class MoeEngine {
   bool nvshmem_transport() const { return options_.transport == DeviceTransport::nvshmem; }
   void check_transport();
   LayerRequest transport_request(const LayerRequest& request) const;  // the transport's tile where unset
+  void register_get_targets(RankState& s);  // NVSHMEM with a NIC: the local ends of gets registered
   void launch_fused(const RankState& s, const kernels::Layer0Launch& l) const;
   void launch_fused(const RankState& s, const kernels::Layer1Launch& l) const;
   void launch_fused(const RankState& s, const kernels::GradLayer1Launch& l) const;

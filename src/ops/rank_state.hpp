@@ -33,6 +33,15 @@ struct MoeEngine::RankState {
   const void* const* own_x = nullptr;
   void* const* own_recv = nullptr;
   void* const* own_gate_recv = nullptr;  // training: the gate gradients' receive buffer, likewise
+  int32_t* const* own_failed = nullptr;  // the failure words, likewise
+  // Every rank's routing copied here before the plan is built ([W][RoutingBufferLayout bytes]), and the
+  // device table [W] of its slots, which DevicePlan::build reads instead of the peers' buffers.
+  void* routing_mirror = nullptr;
+  const void* const* mirror_slots = nullptr;
+  // Buffers registered with NVSHMEM for its NIC (NvshmemHeap::register_buffer; where it has a remote
+  // transport): the local ends of gets. Unregistered before they are freed.
+  std::vector<void*> registered;
+  std::function<void(void*)> unregister;
   LaunchDecision last[kLaunchLayers];     // the planner's decision of the last launch per launch id
   const void* w0 = nullptr;
   const void* w1 = nullptr;
@@ -68,6 +77,8 @@ struct MoeEngine::RankState {
   }
   // Releases the private buffers and the plan (the destructor; MoeEngine::close). Idempotent.
   void free_buffers() {
+    for (void* p : registered) unregister(p);
+    registered.clear();
     for (void* p : owned) release(p);
     owned.clear();
     plan = DevicePlan();
@@ -77,6 +88,9 @@ struct MoeEngine::RankState {
     own_x = nullptr;
     own_recv = nullptr;
     own_gate_recv = nullptr;
+    own_failed = nullptr;
+    routing_mirror = nullptr;
+    mirror_slots = nullptr;
     sync = kernels::LayerSync{};
     private_bytes = 0;
   }

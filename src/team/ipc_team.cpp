@@ -9,6 +9,7 @@
 #include "team/cuda_helpers.hpp"
 #include "team/ipc_barrier.hpp"
 #include "team/nvshmem_heap.hpp"
+#include "team/nvshmem_signals.hpp"
 
 namespace comet {
 namespace {
@@ -94,6 +95,9 @@ IpcTeam::IpcTeam(int rank, int world, AllGatherFn all_gather, int device, Symmet
     COMET_CUDA_CHECK(cudaMalloc(&barrier_epoch_, sizeof(uint64_t)));
     team_detail::zero_device_sync(barrier_epoch_, sizeof(uint64_t));
     signals_ = alloc_symmetric(team_detail::signal_area_bytes(kNumSignals, world));
+    for (int p = 0; p < world_; ++p) maps_peers_ = maps_peers_ && peer_ptr(signals_, rank_, p) != nullptr;
+    // Without pointers to every peer (NVSHMEM across nodes), the signals and the barrier are NVSHMEM's.
+    if (!maps_peers_) team_detail::nvshmem_signals::bind();
   } catch (...) {
     release_ipc(opened_, owned_, barrier_epoch_);
     release_base();
@@ -259,8 +263,20 @@ void IpcTeam::require_agreement(const void* mine, size_t bytes, const std::strin
 void IpcTeam::barrier() {
   COMET_REQUIRE(!closed_, "IpcTeam::barrier: the team is closed");
   ScopedDevice guard(device_);
+  if (!maps_peers_) {
+    uint64_t* own = static_cast<uint64_t*>(local_ptr(signals_, rank_)) + kNumSignals;
+    return team_detail::nvshmem_signals::launch_barrier(ranks_[0].stream, barrier_epoch_, own, device_view(rank_));
+  }
   auto* const* areas = reinterpret_cast<uint64_t* const*>(peer_ptrs(signals_, rank_));
   team_detail::launch_ipc_barrier(ranks_[0].stream, barrier_epoch_, areas, kNumSignals, device_view(rank_));
+}
+
+// Only on NVSHMEM's heap can a peer lack a pointer: its word is this rank's own symmetric address of it.
+void IpcTeam::signal_set_unmapped(int rank, int owner, int id, uint64_t value) {
+  COMET_REQUIRE(!closed_, "IpcTeam::signal_set: the team is closed");
+  ScopedDevice guard(device_);
+  uint64_t* own = static_cast<uint64_t*>(local_ptr(signals_, rank)) + id;
+  team_detail::nvshmem_signals::launch_set(stream(rank), own, value, owner);
 }
 
 }  // namespace comet

@@ -2,8 +2,11 @@
 #include "team/nvshmem_heap.hpp"
 
 #include "comet/common.hpp"
+#include "comet/cuda_check.hpp"
 
 #if COMET_HAVE_NVSHMEM
+#include <cuda.h>
+#include <cuda_runtime.h>
 #include <dlfcn.h>
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -37,6 +40,8 @@ struct Api {
   void* (*malloc)(size_t) = nullptr;
   void* (*ptr)(const void*, int) = nullptr;
   void (*free)(void*) = nullptr;
+  int (*buffer_register)(void*, size_t) = nullptr;
+  int (*buffer_unregister)(void*) = nullptr;
 };
 
 template <class F>
@@ -67,7 +72,9 @@ Api load() {
                   resolve(a, a.hostlib_init_attr, "nvshmemx_hostlib_init_attr") &&
                   resolve(a, a.hostlib_finalize, "nvshmemx_hostlib_finalize") && resolve(a, a.my_pe, "nvshmem_my_pe") &&
                   resolve(a, a.n_pes, "nvshmem_n_pes") && resolve(a, a.malloc, "nvshmem_malloc") &&
-                  resolve(a, a.ptr, "nvshmem_ptr") && resolve(a, a.free, "nvshmem_free");
+                  resolve(a, a.ptr, "nvshmem_ptr") && resolve(a, a.free, "nvshmem_free") &&
+                  resolve(a, a.buffer_register, "nvshmemx_buffer_register") &&
+                  resolve(a, a.buffer_unregister, "nvshmemx_buffer_unregister");
   if (!ok) {
     dlclose(a.handle);
     a.handle = nullptr;
@@ -88,6 +95,11 @@ const Api& loaded_api() {
 }
 
 std::atomic<bool> g_in_use{false};
+
+bool hide_peers() {
+  const char* v = std::getenv("COMET_NVSHMEM_PEER_POINTERS");
+  return v && std::string(v) == "0";
+}
 std::atomic<int> g_session{0};
 
 // NVSHMEM dlopen()s its bootstrap plugin by name: point it at the one next to the host library (the
@@ -145,11 +157,9 @@ void* NvshmemHeap::alloc(size_t bytes) {
 }
 
 void* NvshmemHeap::peer(void* local, int pe) {
-  void* p = loaded_api().ptr(local, pe);
-  COMET_REQUIRE(p != nullptr, "NVSHMEM: PE ", pe,
-                "'s memory is not reachable with loads and stores from this GPU (another node?); comet's "
-                "NVSHMEM team is one node for now");
-  return p;
+  const Api& a = loaded_api();
+  if (pe != a.my_pe() && hide_peers()) return nullptr;
+  return a.ptr(local, pe);
 }
 
 void NvshmemHeap::free(void* local) { loaded_api().free(local); }
@@ -168,6 +178,41 @@ void* NvshmemHeap::culibrary_init() {
 
 int NvshmemHeap::session() { return g_session.load(); }
 
+void NvshmemHeap::bind_module(const void* kernel) {
+  using CulibraryInit = int (*)(CUlibrary);
+  const auto init = reinterpret_cast<CulibraryInit>(culibrary_init());
+  COMET_REQUIRE(kernel != nullptr, "NVSHMEM: bind_module needs a kernel of the module");
+  cudaKernel_t handle = nullptr;
+  COMET_CUDA_CHECK(cudaGetKernel(&handle, kernel));
+  // The driver call through the runtime's entry point: comet links no libcuda (binaries load where no
+  // driver is installed).
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult found{};
+  COMET_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuKernelGetLibrary", &fn, 12050, cudaEnableDefault, &found));
+  COMET_REQUIRE(fn != nullptr && found == cudaDriverEntryPointSuccess,
+                "NVSHMEM: the driver has no cuKernelGetLibrary (needs CUDA 12.5 or later)");
+  CUlibrary library = nullptr;
+  const CUresult got = reinterpret_cast<CUresult (*)(CUlibrary*, CUkernel)>(fn)(&library, reinterpret_cast<CUkernel>(handle));
+  COMET_REQUIRE(got == CUDA_SUCCESS, "NVSHMEM: cuKernelGetLibrary failed (CUresult ", int(got), ")");
+  const int rc = init(library);
+  COMET_REQUIRE(rc == 0, "NVSHMEM: nvshmemx_culibrary_init failed (", rc, "); is NVSHMEM initialised?");
+}
+
+bool NvshmemHeap::remote_transport() {
+  const char* v = std::getenv("NVSHMEM_REMOTE_TRANSPORT");
+  return v && *v && std::string(v) != "none";
+}
+
+void NvshmemHeap::register_buffer(void* p, size_t bytes) {
+  const int rc = loaded_api().buffer_register(p, bytes);
+  COMET_REQUIRE(rc == 0, "NVSHMEM: nvshmemx_buffer_register(", p, ", ", bytes, " bytes) failed (", rc, ")");
+}
+
+void NvshmemHeap::unregister_buffer(void* p) noexcept {
+  const Api& a = api();
+  if (a.handle) a.buffer_unregister(p);
+}
+
 #else  // built without NVSHMEM's headers
 
 namespace {
@@ -185,6 +230,10 @@ void NvshmemHeap::free(void*) { absent(); }
 void NvshmemHeap::finalize() { absent(); }
 void* NvshmemHeap::culibrary_init() { absent(); }
 int NvshmemHeap::session() { return 0; }
+void NvshmemHeap::bind_module(const void*) { absent(); }
+bool NvshmemHeap::remote_transport() { return false; }
+void NvshmemHeap::register_buffer(void*, size_t) { absent(); }
+void NvshmemHeap::unregister_buffer(void*) noexcept {}
 
 #endif
 

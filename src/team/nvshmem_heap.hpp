@@ -19,7 +19,10 @@ struct NvshmemHeap {
   // through the all-gather. One NVSHMEM team per process at a time.
   static void init(int rank, int world, const AllGatherFn& all_gather);
   static void* alloc(size_t bytes);           // collective (nvshmem_malloc)
-  static void* peer(void* local, int pe);     // nvshmem_ptr; InvalidArgument if loads and stores cannot reach it
+  // nvshmem_ptr: PE `pe`'s copy as loads and stores reach it, or null where none do (another node).
+  // COMET_NVSHMEM_PEER_POINTERS=0 makes it null for every other PE, as across nodes, so that one GPU
+  // tests what several nodes run (the team's signals and a layer's transport through NVSHMEM only).
+  static void* peer(void* local, int pe);
   static void free(void* local);              // collective (nvshmem_free)
   static void finalize();                     // collective
   // For kernels that call NVSHMEM's device API (MoeOptions::transport = nvshmem): the host library's
@@ -27,6 +30,16 @@ struct NvshmemHeap {
   // initialisations this process has had: a module's device state is bound once per initialisation.
   static void* culibrary_init();
   static int session();
+  // Fills the NVSHMEM device state of the module (CUDA library) that holds `kernel`: every module whose
+  // kernels call NVSHMEM's inlined device API (team/nvshmem_device.cuh) needs it once per
+  // initialisation. Throws CudaError / InvalidArgument naming the failing step.
+  static void bind_module(const void* kernel);
+  // Whether NVSHMEM may move data through a NIC (NVSHMEM_REMOTE_TRANSPORT is set and not "none"; comet
+  // sets "none" unless the environment chose one). Local buffers of gets and puts must then be
+  // registered (register_buffer), as the NIC reads or writes them.
+  static bool remote_transport();
+  static void register_buffer(void* p, size_t bytes);  // nvshmemx_buffer_register
+  static void unregister_buffer(void* p) noexcept;     // nvshmemx_buffer_unregister
 };
 
 }  // namespace comet::team_detail

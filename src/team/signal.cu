@@ -23,11 +23,13 @@ void check_signal_id(int id) {
 
 uint64_t* Team::signal_ptr(int rank, int owner, int id) const {
   check_signal_id(id);
-  return static_cast<uint64_t*>(peer_ptr(signals_, rank, owner)) + id;
+  auto* area = static_cast<uint64_t*>(peer_ptr(signals_, rank, owner));
+  return area ? area + id : nullptr;  // null: no pointer reaches the owner's words (maps_peers())
 }
 
 void Team::signal_set(int rank, int owner, int id, uint64_t value) {
   uint64_t* word = signal_ptr(rank, owner, id);
+  if (!word) return signal_set_unmapped(rank, owner, id, value);
   team_detail::ScopedDevice guard(device_);
   signal_store_kernel<<<1, 1, 0, stream(rank)>>>(word, value);
   COMET_CUDA_CHECK_LAUNCH();
@@ -45,6 +47,12 @@ void Team::signal_reset(int rank, int id) {
   team_detail::ScopedDevice guard(device_);
   signal_store_kernel<<<1, 1, 0, stream(rank)>>>(word, 0);
   COMET_CUDA_CHECK_LAUNCH();
+}
+
+void Team::signal_set_unmapped(int rank, int owner, int id, uint64_t value) {
+  (void)value;
+  throw InvalidArgument(detail::concat("Team::signal_set: rank ", rank, " has no pointer to rank ", owner,
+                                       "'s signal word ", id));
 }
 
 }  // namespace comet

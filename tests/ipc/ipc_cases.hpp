@@ -15,7 +15,7 @@ namespace comet::ipc_test {
 inline constexpr const char* kEnvRank = "COMET_IPC_RANK";
 inline constexpr const char* kEnvWorld = "COMET_IPC_WORLD";
 inline constexpr const char* kEnvSocket = "COMET_IPC_SOCKET";
-inline constexpr const char* kEnvCase = "COMET_IPC_CASE";  // team (default), absent_peer, killed_peer
+inline constexpr const char* kEnvCase = "COMET_IPC_CASE";  // team (default), absent_peer, killed_peer, unmapped
 
 inline constexpr const char* kEnvHeap = "COMET_IPC_HEAP";  // cuda_ipc (default) or nvshmem: every case's team
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cstdarg>
+#include <cstdlib>
 #include <cstdio>
 #include <exception>
 #include <string>
@@ -174,6 +175,50 @@ int run_checks(int rank, int world, comet::testing::SocketRendezvous& rv, Checks
   return c.failures();
 }
 
+// NVSHMEM's heap with no pointer to any peer (COMET_NVSHMEM_PEER_POINTERS=0), as across nodes: the
+// peer tables hold null, the signals and the barrier are NVSHMEM signal operations (graph replays and
+// timeouts included), and a fused layer runs with transport nvshmem only.
+int run_unmapped(int rank, int world, comet::testing::SocketRendezvous& rv, Checks& c) {
+  setenv("COMET_NVSHMEM_PEER_POINTERS", "0", 1);
+  IpcTeam team(rank, world, rv.all_gather_fn(), 0, SymmetricHeap::nvshmem);
+  team.set_timeout(kDeviceTimeoutS);
+  c.expect(!team.maps_peers(), "maps_peers() with COMET_NVSHMEM_PEER_POINTERS=0");
+  const SymmetricId buf = team.alloc_symmetric(4096);
+  c.expect(team.peer_ptr(buf, rank, rank) == team.local_ptr(buf, rank), "own entry of the peer table");
+  for (int p = 0; p < world; ++p) {
+    if (p == rank) continue;
+    c.expect(team.peer_ptr(buf, rank, p) == nullptr, "peer " + std::to_string(p) + " has a pointer");
+    c.expect(team.signal_ptr(rank, p, 0) == nullptr, "peer " + std::to_string(p) + "'s signal word has a pointer");
+  }
+  // Three rounds: every rank raises word [rank] of every peer to the round, waits for its own words, and
+  // meets the others.
+  constexpr uint64_t kRounds = 3;
+  for (uint64_t gen = 1; gen <= kRounds; ++gen) {
+    for (int d = 0; d < world; ++d)
+      if (d != rank) team.signal_set(rank, d, rank, gen);
+    for (int s = 0; s < world; ++s)
+      if (s != rank) team.signal_wait(rank, s, gen);
+    team.barrier();
+  }
+  std::string message;
+  c.expect(!throws<TimeoutError>([&] { team.synchronize(); }, &message), "signal rounds over NVSHMEM: " + message);
+  for (int s = 0; s < world; ++s)
+    if (s != rank)
+      c.expect(read_word(team.signal_ptr(rank, rank, s)) == kRounds, "word of rank " + std::to_string(s) + " after " +
+                                                                         std::to_string(kRounds) + " rounds");
+  check_timeout(team, c);
+  check_graph_barrier(team, c);
+  team.barrier();
+  team.synchronize();
+#if COMET_IPC_FUSED
+  const std::string fused = check_unmapped_fused_layer(team);
+  c.expect(fused.empty(), fused);
+#endif
+  team.close();
+  rv.barrier();
+  return c.failures();
+}
+
 // A dead or absent peer (the last rank) in a forward, then the collective teardown.
 int run_dead_peer(int rank, int world, comet::testing::SocketRendezvous& rv, bool killed, Checks& c) {
 #if COMET_IPC_FUSED
@@ -200,6 +245,7 @@ int run_rank(int rank, int world, const std::string& socket_path, const std::str
       return run_dead_peer(rank, world, rv, which == "killed_peer", c) == 0 ? 0 : 1;
     }
     comet::testing::SocketRendezvous rv(socket_path, rank, world, 60.0);
+    if (which == "unmapped") return run_unmapped(rank, world, rv, c) == 0 ? 0 : 1;
     const int failures = run_checks(rank, world, rv, c);
     return failures == 0 ? 0 : 1;
   } catch (const std::exception& e) {

@@ -164,9 +164,14 @@ int run_parent() {
   }
   int passed = 0, failed = 0;
   std::printf("symmetric heap: %s\n", to_string(heap_from_env()));
-  const std::vector<std::pair<std::string, int>> cases{{"team", 2},        {"team", 4},        {"team", 8},
-                                                       {"absent_peer", 2}, {"absent_peer", 4}, {"killed_peer", 2},
-                                                       {"killed_peer", 4}};
+  std::vector<std::pair<std::string, int>> cases{{"team", 2},        {"team", 4},        {"team", 8},
+                                                 {"absent_peer", 2}, {"absent_peer", 4}, {"killed_peer", 2},
+                                                 {"killed_peer", 4}};
+  // NVSHMEM's heap and transport: the team again without peer pointers, as across nodes.
+  if (heap_from_env() == SymmetricHeap::nvshmem && transport_from_env() == DeviceTransport::nvshmem) {
+    cases.push_back({"unmapped", 2});
+    cases.push_back({"unmapped", 4});
+  }
   const char* only = std::getenv("COMET_IPC_ONLY");  // e.g. COMET_IPC_ONLY=killed_peer
   for (const auto& [which, world] : cases) {
     if (only && *only && which != only) continue;

@@ -19,8 +19,9 @@
 //                                                 77 = no GPU (skipped), else the failures are printed.
 // NVSHMEM's host library is found through the loader (the build's rpath to .deps/nvshmem/lib, or
 // LD_LIBRARY_PATH); its bootstrap plugin next to it, unless NVSHMEM_BOOTSTRAP_PLUGIN says otherwise.
-// No NVSHMEM device library: the device API is inlined (transport_nvshmem.cuh) and each module's
-// device state bound with nvshmemx_culibrary_init after the host library's initialisation.
+// No NVSHMEM device library: the device API is inlined (team/nvshmem_device.cuh) and each module's
+// device state bound (NvshmemHeap::bind_module: nvshmemx_culibrary_init) after the host library's
+// initialisation.
 #include <cuda_runtime.h>
 #include <unistd.h>
 
@@ -42,6 +43,7 @@
 #include "kernels/fused_layers.hpp"
 #include "kernels/nvshmem/fused_nvshmem.hpp"
 #include "kernels/transport_nvshmem.cuh"  // NVSHMEM's headers, with its device API inlined
+#include "team/nvshmem_heap.hpp"
 
 namespace comet {
 namespace {
@@ -589,9 +591,8 @@ int run_pe(int pe, int world, const std::string& id_path) {
   // call NVSHMEM gets its device state: this file's role kernels and comet's fused kernels.
   if (nvshmemx_hostlib_init_attr(NVSHMEMX_INIT_WITH_UNIQUEID, &attr) != 0) return 8;
   try {
-    kernels::nvshmem::bind_device_state(reinterpret_cast<const void*>(dispatch_kernel<kernels::NvshmemTransport>),
-                                        nvshmemx_culibrary_init);
-    kernels::nvshmem::bind_fused_kernels(nvshmemx_culibrary_init);
+    team_detail::NvshmemHeap::bind_module(reinterpret_cast<const void*>(dispatch_kernel<kernels::NvshmemTransport>));
+    kernels::nvshmem::bind_fused_kernels();
   } catch (const std::exception& e) {
     std::printf("pe %d: %s\n", pe, e.what());
     return 9;

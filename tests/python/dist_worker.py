@@ -5,6 +5,8 @@ mismatch.
     torchrun --nproc-per-node=N dist_worker.py EP TP            (CUDA IPC, forward and backward)
     torchrun --nproc-per-node=N dist_worker.py EP TP nvshmem    (NVSHMEM's heap; NVSHMEM's device transport
                                                                  against peer pointers, forward and backward)
+    torchrun --nproc-per-node=N dist_worker.py EP TP nvshmem-unmapped
+                                     (the same with no pointer to any peer on the NVSHMEM team, as across nodes)
 """
 import os
 import sys
@@ -35,15 +37,32 @@ def check_backward(layer, p, rank: int):
     return x.grad, gates.grad, layer.w0.grad, layer.w1.grad
 
 
-def check_nvshmem_transport(p, tokens, rank: int, ep: int, tp: int) -> None:
-    """On NVSHMEM's heap: a layer whose comm blocks use NVSHMEM's gets and puts, and one on the same team
-    with peer pointers. Forward and backward of both against the plain MoE, and bitwise equal to each
-    other (same plan, same kernels, same order of the sums: only how the rows travel differs)."""
+def check_nvshmem_transport(p, tokens, rank: int, ep: int, tp: int, hide_peers: bool) -> None:
+    """On NVSHMEM's heap: a layer whose comm blocks use NVSHMEM's gets and puts, and one with peer pointers.
+    Forward and backward of both against the plain MoE, and bitwise equal to each other (same plan, same
+    kernels, same order of the sums: only how the rows travel differs).
+
+    hide_peers: the NVSHMEM team has no pointer to any peer (COMET_NVSHMEM_PEER_POINTERS=0), as across
+    nodes: its barrier and signals are NVSHMEM signal operations, the layer reads the routing through
+    NVSHMEM too, and a layer with transport "peer" is refused on it; the peer-pointer layer then runs on
+    a CUDA IPC team of the same processes."""
+    if hide_peers:
+        os.environ["COMET_NVSHMEM_PEER_POINTERS"] = "0"
     team = comet.Team.from_process_group(ep=ep, tp=tp, heap="nvshmem")
-    team.set_timeout(20.0)
+    assert team.maps_peers != hide_peers, (team.maps_peers, hide_peers)
+    peer_team = comet.Team.from_process_group(ep=ep, tp=tp) if hide_peers else team
+    for t in {id(team): team, id(peer_team): peer_team}.values():
+        t.set_timeout(20.0)
+    if hide_peers:
+        try:
+            comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=team, max_tokens=max(tokens), transport="peer")
+        except ValueError as e:
+            assert "transport peer needs a pointer" in str(e), str(e)
+        else:
+            raise AssertionError(f"rank {rank}: transport peer on a team without peer pointers was not refused")
     outs, grads = {}, {}
-    for transport in ("nvshmem", "peer"):
-        layer = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=team, max_tokens=max(tokens),
+    for transport, on in (("nvshmem", team), ("peer", peer_team)):
+        layer = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, team=on, max_tokens=max(tokens),
                                transport=transport)
         layer.load_experts(p.gate_up.to(torch.bfloat16).cuda(), p.down.to(torch.bfloat16).cuda())
         with torch.no_grad():
@@ -57,13 +76,16 @@ def check_nvshmem_transport(p, tokens, rank: int, ep: int, tp: int) -> None:
     for name, a, b in zip(("dx", "dgates", "dW0", "dW1"), grads["nvshmem"], grads["peer"]):
         assert torch.equal(a, b), f"rank {rank}: {name} over NVSHMEM's transport differs from peer pointers"
     team.close()
+    if peer_team is not team:
+        peer_team.close()
     print(f"rank {rank}/{ep * tp}: ok ({outs['peer'].shape[0]} tokens, NVSHMEM transport == peer pointers, "
-          f"gradients too)", flush=True)
+          f"gradients too{', no peer pointers on the NVSHMEM team' if hide_peers else ''})", flush=True)
 
 
 def main() -> int:
     ep, tp = int(sys.argv[1]), int(sys.argv[2])
-    nvshmem = len(sys.argv) > 3 and sys.argv[3] == "nvshmem"
+    mode = sys.argv[3] if len(sys.argv) > 3 else ""
+    nvshmem = mode in ("nvshmem", "nvshmem-unmapped")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     assert world == ep * tp, (world, ep, tp)
@@ -71,7 +93,7 @@ def main() -> int:
     if nvshmem:
         tokens = [0 if r == 1 else 40 + 37 * r for r in range(world)]
         p = make_problem(hidden=256, ffn=512, experts=8, topk=2, ep=ep, tp=tp, tokens=tokens, routing="zipf", seed=79)
-        check_nvshmem_transport(p, tokens, rank, ep, tp)
+        check_nvshmem_transport(p, tokens, rank, ep, tp, hide_peers=mode == "nvshmem-unmapped")
         dist.destroy_process_group()
         return 0
     team = comet.Team.from_process_group(ep=ep, tp=tp)

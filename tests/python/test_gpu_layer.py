@@ -17,6 +17,7 @@ pytestmark = pytest.mark.skipif(not comet.cuda_ready(), reason="no CUDA GPU (sm_
 
 def layer_for(p, link="device", **kw):
     team = comet.Team.local(p.world, link, ep=p.ep, tp=p.tp)
+    assert team.maps_peers  # one process reaches every virtual rank's buffers
     team.set_timeout(5.0)  # a stalled flag fails the test in seconds
     max_tokens = max(max(x.shape[0] for x in p.x), 1)
     layer = comet.MoELayer(p.hidden, p.ffn, p.experts, p.topk, p.act, team=team, max_tokens=max_tokens, **kw)

@@ -1,11 +1,14 @@
 // The fused layers over NVSHMEM (fused_nvshmem.hpp): fused_launch.cuh's launchers (forward and
-// backward) and the gate-gradient ship with NvshmemTransport, one tile width, and the binding of this
-// module's NVSHMEM device state.
+// backward), the gate-gradient ship and the failure words with NvshmemTransport, one tile width; the
+// routing gather; and the binding of this module's NVSHMEM device state.
 #include "kernels/nvshmem/fused_nvshmem.hpp"
 
+#include "comet/plan.hpp"
 #include "kernels/fused_launch.cuh"
 #include "kernels/gate_grad_ship.cuh"
+#include "kernels/peer_failure.cuh"
 #include "kernels/transport_nvshmem.cuh"
+#include "team/nvshmem_heap.hpp"
 
 namespace comet::kernels::nvshmem {
 namespace {
@@ -19,28 +22,33 @@ NvshmemTransport transport_of(const TransportArgs& t) {
   return tr;
 }
 
-}  // namespace
-
-void bind_device_state(const void* kernel, CulibraryInit init) {
-  COMET_REQUIRE(kernel != nullptr && init != nullptr, "NVSHMEM: bind_device_state needs a kernel and nvshmemx_culibrary_init");
-  cudaKernel_t handle = nullptr;
-  COMET_CUDA_CHECK(cudaGetKernel(&handle, kernel));
-  // The driver call through the runtime's entry point: comet links no libcuda (binaries load where no
-  // driver is installed).
-  void* fn = nullptr;
-  cudaDriverEntryPointQueryResult found{};
-  COMET_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuKernelGetLibrary", &fn, 12050, cudaEnableDefault, &found));
-  COMET_REQUIRE(fn != nullptr && found == cudaDriverEntryPointSuccess,
-                "NVSHMEM: the driver has no cuKernelGetLibrary (needs CUDA 12.5 or later)");
-  CUlibrary library = nullptr;
-  const CUresult got = reinterpret_cast<CUresult (*)(CUlibrary*, CUkernel)>(fn)(&library, reinterpret_cast<CUkernel>(handle));
-  COMET_REQUIRE(got == CUDA_SUCCESS, "NVSHMEM: cuKernelGetLibrary failed (CUresult ", int(got), ")");
-  const int rc = init(library);
-  COMET_REQUIRE(rc == 0, "NVSHMEM: nvshmemx_culibrary_init failed (", rc, "); is NVSHMEM initialised?");
+// Block p copies rank p's routing: its token count, then the ids and gates of those tokens (blocking
+// block-wide gets: they have landed when the call returns). The count is read once, by one thread.
+__global__ void gather_routing_kernel(GatherRoutingArgs a, int pe_base) {
+  const RoutingBufferLayout layout{a.max_tokens, a.topk};
+  const int rank = blockIdx.x, pe = pe_base + rank;
+  const char* src = static_cast<const char*>(a.routing);
+  char* dst = static_cast<char*>(a.mirror) + size_t(rank) * layout.bytes();
+  __shared__ int32_t tokens;
+  if (threadIdx.x == 0) {
+    tokens = nvshmem_int32_g(reinterpret_cast<const int32_t*>(src), pe);
+    // A count the owner checked (stage) cannot exceed the capacity; clamp all the same: the copy must
+    // stay inside this rank's slot of the mirror whatever the peer wrote.
+    tokens = min(max(tokens, 0), a.max_tokens);
+    *reinterpret_cast<int32_t*>(dst) = tokens;
+  }
+  __syncthreads();
+  const size_t bytes = size_t(tokens) * a.topk * 4;
+  if (bytes == 0) return;
+  nvshmemx_getmem_block(dst + layout.ids_offset(), src + layout.ids_offset(), bytes, pe);
+  nvshmemx_getmem_block(dst + layout.gates_offset(), src + layout.gates_offset(), bytes, pe);
+  __threadfence();  // the plan's kernels, next on the stream, read the mirror
 }
 
-void bind_fused_kernels(CulibraryInit init) {
-  bind_device_state(reinterpret_cast<const void*>(layer0_kernel<Cfg, ActivationStore, NvshmemTransport>), init);
+}  // namespace
+
+void bind_fused_kernels() {
+  team_detail::NvshmemHeap::bind_module(reinterpret_cast<const void*>(layer0_kernel<Cfg, ActivationStore, NvshmemTransport>));
 }
 
 size_t staging_bytes(int comm_blocks) { return NvshmemTransport::staging_bytes(comm_blocks * (Cfg::kThreads / 32)); }
@@ -77,6 +85,17 @@ void launch_grad_layer0(const GradLayer0Launch& l, const TransportArgs& t, cudaS
 
 void ship_gate_grads(const ShipGateGradsArgs& a, const TransportArgs& t, cudaStream_t stream) {
   launch_ship_gate_grads(a, stream, transport_of(t));
+}
+
+void publish_failure(const PublishFailureArgs& args, const TransportArgs& t, cudaStream_t stream) {
+  launch_publish_failure(args, stream, transport_of(t));
+}
+
+void gather_routing(const GatherRoutingArgs& a, const TransportArgs& t, cudaStream_t stream) {
+  COMET_REQUIRE(a.routing && a.mirror && a.world >= 1 && a.max_tokens >= 0 && a.topk >= 1,
+                "gather_routing: bad arguments");
+  gather_routing_kernel<<<a.world, 256, 0, stream>>>(a, t.pe_base);
+  COMET_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace comet::kernels::nvshmem

@@ -3,14 +3,15 @@
 // loading and storing through peer pointers. Built into comet where NVSHMEM's headers are
 // (COMET_HAVE_NVSHMEM_KERNELS); FusedMoe launches them with MoeOptions::transport = nvshmem. This header
 // keeps NVSHMEM's own headers out of its users. One tile width for now (kTileN), bf16: the forward's two
-// layers, the backward's two fused kernels and its gate-gradient ship.
+// layers, the backward's two fused kernels and its gate-gradient ship; and the layer's other remote
+// accesses, so that a layer on this transport uses no peer pointer: the routing of every rank copied
+// into a local mirror for the plan (gather_routing) and a failed call's words (publish_failure).
 //
 // The arguments are those of launch_layer0 / launch_layer1, with one difference: every entry of
 // dispatch.peer_x and combine.peer_recv holds this rank's own symmetric address of the buffer (the
 // transport adds the PE). Before the first launch, NVSHMEM must be initialised (the host library is
-// enough: nvshmemx_hostlib_init_attr, as SymmetricHeap::nvshmem does) and bind_fused_kernels called
-// with the host library's nvshmemx_culibrary_init, which fills this module's copy of NVSHMEM's device
-// state.
+// enough: nvshmemx_hostlib_init_attr, as SymmetricHeap::nvshmem does) and bind_fused_kernels called,
+// which fills this module's copy of NVSHMEM's device state (NvshmemHeap::bind_module).
 #pragma once
 
 #include <cuda.h>
@@ -20,6 +21,7 @@
 
 #include "kernels/fused_layers.hpp"
 #include "kernels/grad_rows.hpp"
+#include "kernels/peer_failure.hpp"
 
 namespace comet::kernels::nvshmem {
 
@@ -30,15 +32,9 @@ struct TransportArgs {
   void* staging = nullptr;  // layer 1: staging_bytes(comm blocks) of symmetric (or registered) memory
 };
 
-// nvshmemx_culibrary_init, as the host library exports it (resolved by the caller, e.g. with dlsym).
-using CulibraryInit = int (*)(CUlibrary);
-
-// Fills the NVSHMEM device state of the module (CUDA library) that holds `kernel`. Every module whose
-// kernels call NVSHMEM (each translation unit that includes transport_nvshmem.cuh) needs it once per
-// process after NVSHMEM's initialisation. Throws CudaError / InvalidArgument with the failing step.
-void bind_device_state(const void* kernel, CulibraryInit init);
-// bind_device_state for the fused kernels below.
-void bind_fused_kernels(CulibraryInit init);
+// Binds this module's NVSHMEM device state (team_detail::NvshmemHeap::bind_module), once per NVSHMEM
+// initialisation, before the first launch below.
+void bind_fused_kernels();
 
 // Bytes of layer 1's put staging for a launch with up to `comm_blocks` comm blocks (with the adaptive
 // split: the most it may pick).
@@ -51,5 +47,18 @@ void launch_layer1(const Layer1Launch& l, const TransportArgs& t, cudaStream_t s
 void launch_grad_layer1(const GradLayer1Launch& l, const TransportArgs& t, cudaStream_t stream);
 void launch_grad_layer0(const GradLayer0Launch& l, const TransportArgs& t, cudaStream_t stream);
 void ship_gate_grads(const ShipGateGradsArgs& a, const TransportArgs& t, cudaStream_t stream);
+// peer_failure.hpp's publish with NVSHMEM puts: args.peer_words[q] is this rank's own symmetric address
+// of the failure area.
+void publish_failure(const PublishFailureArgs& args, const TransportArgs& t, cudaStream_t stream);
+
+// Every rank's routing buffer (RoutingBufferLayout{max_tokens, topk}; `routing` is this rank's own
+// symmetric address of it) copied into `mirror` [world][layout.bytes()] (registered where NVSHMEM has a
+// NIC), as far as each rank's token count reaches, so that DevicePlan::build reads local memory only.
+struct GatherRoutingArgs {
+  const void* routing = nullptr;
+  void* mirror = nullptr;
+  int max_tokens = 0, topk = 0, world = 1;
+};
+void gather_routing(const GatherRoutingArgs& a, const TransportArgs& t, cudaStream_t stream);
 
 }  // namespace comet::kernels::nvshmem

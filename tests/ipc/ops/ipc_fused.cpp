@@ -104,7 +104,7 @@ std::string check_one(IpcTeam& team, const MoeShape& shape, const Parallel& par,
 // Rank 0 refuses a batch (rows over its capacity: a per-rank refusal) that every other rank's plan
 // accepts. The other processes must not sum rank 0's stale partials from the call before: their
 // outputs are NaN and their sync_and_check names rank 0; then a batch that fits is right everywhere.
-std::string check_peer_refusal(IpcTeam& team) {
+std::string check_peer_refusal(IpcTeam& team, const MoeOptions& options) {
   using namespace comet::testing;
   const int rank = team.rank(), W = team.world();
   const MoeShape shape{256, 512, 8, 2, Activation::swiglu};  // E_l = 8 / W experts per rank
@@ -114,7 +114,7 @@ std::string check_peer_refusal(IpcTeam& team) {
   // group 0, 400 per rank: 400 W k = 800 W rows on rank 0, more than 1024; the other ranks get none.
   const MoeProblem good = MoeProblem::make(shape, par, std::vector<int>(W, 60), RoutingKind::uniform, 41);
   const MoeProblem hot = MoeProblem::make(shape, par, std::vector<int>(W, 400), RoutingKind::one_group, 42, 0);
-  FusedMoe moe(team, shape, par, MoeCapacity{400, 1024});
+  FusedMoe moe(team, shape, par, MoeCapacity{400, 1024}, options);
   const auto g = upload_rank(good, rank);
   const auto h = upload_rank(hot, rank);
   moe.set_weights(rank, g->w0.get(), g->w1.get());
@@ -142,33 +142,54 @@ std::string check_peer_refusal(IpcTeam& team) {
   return "";
 }
 
+
+// The problems every fused-layer case runs: EP over all ranks for W = 2 and 8, EP x TP (2 x 2) for W = 4;
+// uneven tokens, one rank with none.
+struct BaseProblem {
+  MoeShape shape;
+  Parallel par;
+  std::vector<int> tokens, zipf_tokens;
+};
+BaseProblem base_problem(int W) {
+  BaseProblem b{MoeShape{256, 512, 8, W == 2 ? 2 : 4, Activation::swiglu}, W == 4 ? Parallel{2, 2} : Parallel{W, 1},
+                {}, {}};
+  for (int r = 0; r < W; ++r) {
+    b.tokens.push_back(r == 1 ? 0 : 40 + 37 * r);
+    b.zipf_tokens.push_back(r == W - 1 ? 0 : 129 + 61 * r);  // no count a multiple of the 128-row tile
+  }
+  return b;
+}
+
+// The two bf16 layers (their transport: COMET_IPC_TRANSPORT), then a peer's refusal where the routing
+// allows it.
+std::string check_bf16_layers(IpcTeam& team, const MoeOptions& refusal_options) {
+  using namespace comet::testing;
+  const int W = team.world();
+  const BaseProblem b = base_problem(W);
+  std::string e = check_one(team, b.shape, b.par, b.tokens, RoutingKind::uniform, 77);
+  if (!e.empty()) return e;
+  // A second shape: H 1024, top-8 of 16 experts, Zipf routing (hot experts), EP over all ranks.
+  e = check_one(team, MoeShape{1024, 256, 16, 8, Activation::swiglu}, Parallel{W, 1}, b.zipf_tokens,
+                RoutingKind::zipf, 91);
+  if (!e.empty()) return e;
+  if (W <= 4) return check_peer_refusal(team, refusal_options);  // one_group routing needs k <= E_l = 8 / W
+  return "";
+}
+
 }  // namespace
 
 std::string check_fused_layer(IpcTeam& team) {
   using namespace comet::testing;
-  const int W = team.world();
-  // EP over all ranks for W = 2 and 8; EP x TP (2 x 2) for W = 4. Uneven tokens, one rank with none.
-  const MoeShape shape{256, 512, 8, W == 2 ? 2 : 4, Activation::swiglu};
-  const Parallel par = W == 4 ? Parallel{2, 2} : Parallel{W, 1};
-  std::vector<int> tokens, zipf_tokens;
-  for (int r = 0; r < W; ++r) {
-    tokens.push_back(r == 1 ? 0 : 40 + 37 * r);
-    zipf_tokens.push_back(r == W - 1 ? 0 : 129 + 61 * r);  // no count a multiple of the 128-row tile
-  }
-  std::string e = check_one(team, shape, par, tokens, RoutingKind::uniform, 77);
-  if (!e.empty()) return e;
-  // A second shape: H 1024, top-8 of 16 experts, Zipf routing (hot experts), EP over all ranks.
-  e = check_one(team, MoeShape{1024, 256, 16, 8, Activation::swiglu}, Parallel{W, 1}, zipf_tokens, RoutingKind::zipf,
-                91);
+  const BaseProblem b = base_problem(team.world());
+  const MoeShape& shape = b.shape;
+  const Parallel& par = b.par;
+  const std::vector<int>& tokens = b.tokens;
+  std::string e = check_bf16_layers(team, MoeOptions{});
   if (!e.empty()) return e;
   // fp8 layer 0 across processes: each rank quantises its own tokens into its exported records, which
   // the peers' comm blocks pull.
   e = check_one(team, shape, par, tokens, RoutingKind::uniform, 78, DType::e4m3);
   if (!e.empty()) return e;
-  if (W <= 4) {  // one_group routing needs k <= E_l = 8 / W
-    e = check_peer_refusal(team);
-    if (!e.empty()) return e;
-  }
   const int rank = team.rank();
   const MoeProblem p = MoeProblem::make(shape, par, tokens, RoutingKind::uniform, 77);
   // Ranks that build different layers (here: top-k) are refused on every rank, before any buffer exists.
@@ -191,6 +212,22 @@ std::string check_fused_layer(IpcTeam& team) {
       return std::string("fused layer: the dtype mismatch was refused, but not for disagreeing: ") + e.what();
   }
   return "";
+}
+
+std::string check_unmapped_fused_layer(IpcTeam& team) {
+  const BaseProblem b = base_problem(team.world());
+  // Transport peer cannot reach the peers: refused on every rank before any buffer exists.
+  try {
+    FusedMoe bad(team, b.shape, b.par, MoeCapacity{256, 0});
+    return "unmapped team: a layer with transport peer was not refused";
+  } catch (const InvalidArgument& e) {
+    if (std::string(e.what()).find("transport peer needs a pointer") == std::string::npos)
+      return std::string("unmapped team: transport peer refused, but not for the missing pointers: ") + e.what();
+  }
+  if (transport_from_env() != DeviceTransport::nvshmem) return "unmapped team: COMET_IPC_TRANSPORT must be nvshmem";
+  MoeOptions nvshmem;
+  nvshmem.transport = DeviceTransport::nvshmem;
+  return check_bf16_layers(team, nvshmem);
 }
 
 }  // namespace comet::ipc_test

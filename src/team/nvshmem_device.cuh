@@ -1,0 +1,27 @@
+// NVSHMEM's device API as comet's kernels use it: fully inlined, whole-program, IBGDA off. Every
+// translation unit whose kernels call NVSHMEM includes this (and nothing else of NVSHMEM's), so that
+// the build options are the same everywhere.
+//
+// Why inlined and not relocatable device code (measured with ptxas, docs/nvshmem.md): compiled with
+// -rdc, ptxas drops setmaxnreg and serialises every wgmma of the fused kernels, even without a call in
+// them. Inlined, each translation unit that includes this gets its own copy of NVSHMEM's device state,
+// which the host binds once per module and NVSHMEM initialisation (NvshmemHeap::bind_module, through
+// the host library's nvshmemx_culibrary_init). No NVSHMEM device library is linked.
+//
+// IBGDA off, whatever the build machine has: its inlined device code keeps calls (ptxas C7510 on both
+// fused kernels: "wgmma.mma_async instructions are serialized due to wgmma pipeline crossing function
+// boundary at a function call", NVSHMEM 3.8.0 with rdma-core's mlx5dv.h installed), and NVSHMEM 3.4.5
+// declares its device state for relocatable code only. Across nodes the puts, gets and signals then go
+// through NVSHMEM's proxy (its default; NVSHMEM_IB_ENABLE_IBGDA must stay unset). The build options
+// header is `#pragma once`: its later inclusions do not define them again.
+#pragma once
+
+#ifndef NVSHMEM_ENABLE_ALL_DEVICE_INLINING
+#define NVSHMEM_ENABLE_ALL_DEVICE_INLINING
+#endif
+#include <non_abi/nvshmem_build_options.h>
+#undef NVSHMEM_IBGDA_SUPPORT
+#undef NVSHMEM_IBGDA_SUPPORT_GPUMEM_ONLY
+#undef NVSHMEM_GPUNETIO_SUPPORT
+#include <nvshmem.h>
+#include <nvshmemx.h>

@@ -118,6 +118,7 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     o.integer("layer_bytes_per_rank", r.layer_bytes_per_rank);
     o.integer("tokens_cap", r.tokens_cap);
     o.integer("rows_cap", r.rows_cap);
+    if (!r.transport.empty()) o.str("transport", r.transport);
     os << "  " << o.done() << (i + 1 < records.size() ? ",\n" : "\n");
   }
   os << "]\n";

@@ -51,6 +51,10 @@ struct Record {
   // computing rank's private and symmetric buffers), its T_cap and rows_cap.
   long long layer_bytes_per_rank = 0;
   int tokens_cap = 0, rows_cap = 0;
+  // comet-bench-ipc (one process per rank): how the ranks reach each other: cuda_ipc (CUDA IPC
+  // pointers), nvshmem_heap (NVSHMEM's heap through pointers), nvshmem (NVSHMEM's device transport);
+  // "" for the one-process benchmark.
+  std::string transport;
 };
 
 struct RunInfo {

@@ -16,7 +16,7 @@
 #if COMET_IPC_FUSED
 #include "ipc/ops/ipc_fused.hpp"
 #endif
-#include "support/socket_rendezvous.hpp"
+#include "harness/socket_rendezvous.hpp"
 #include "support/team_exchange.hpp"
 
 namespace comet::ipc_test {

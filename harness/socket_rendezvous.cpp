@@ -1,4 +1,4 @@
-#include "support/socket_rendezvous.hpp"
+#include "harness/socket_rendezvous.hpp"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-// A Unix-domain-socket rendezvous for multi-process C++ tests: rank 0 listens on a path, the other
+// A Unix-domain-socket rendezvous for multi-process C++ tests and benchmarks: rank 0 listens on a path, the other
 // ranks connect to it, and the star of connections carries an all-gather (the bootstrap IpcTeam
 // needs) and a barrier. Every operation is bounded by a deadline: a dead or stuck peer turns into a
 // std::runtime_error, never a hang.

@@ -39,9 +39,14 @@ class DeviceBuffer {
   }
   size_t bytes() const { return bytes_; }
 
+  // Complete on return. A cudaMemcpy from pageable memory may return before its DMA lands, and the
+  // ranks' non-blocking streams are not ordered after the legacy stream that carries it: a kernel
+  // enqueued next could read the old bytes (a test that changed a rank's routing once saw its previous,
+  // refused routing again under load).
   template <class T>
   void upload(const std::vector<T>& host) {
     COMET_CUDA_CHECK(cudaMemcpy(ptr_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   template <class T>
   std::vector<T> download(size_t count) const {

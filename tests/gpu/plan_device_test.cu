@@ -52,6 +52,7 @@ class RoutingBuffers {
     }
     COMET_CUDA_CHECK(cudaMalloc(&table_, sizeof(void*) * world));
     COMET_CUDA_CHECK(cudaMemcpy(table_, dev_.data(), sizeof(void*) * world, cudaMemcpyHostToDevice));
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   ~RoutingBuffers() {
     for (size_t s = 0; s < dev_.size(); ++s) {
@@ -82,6 +83,9 @@ class RoutingBuffers {
       if (mapped_) std::memcpy(host_[s], staging.data(), staging.size());
       else COMET_CUDA_CHECK(cudaMemcpy(dev_[s], staging.data(), staging.size(), cudaMemcpyHostToDevice));
     }
+    // ... and the build that follows on a non-blocking stream must not read before the copies land
+    // (a pageable cudaMemcpy may return before its DMA completes).
+    COMET_CUDA_CHECK(cudaDeviceSynchronize());
   }
   const void* const* table() const { return table_; }
 

@@ -340,13 +340,13 @@ TEST(FusedMoe, RefusedRoutingPoisonsItsOutputAndStaysReported) {
   check_outputs(h, h.outputs());
   std::vector<int32_t> bad = h.problem.inputs[1].ids;
   bad[5 * c.shape.topk + 1] = c.shape.num_experts;  // rank 1, token 5, slot 1: out of range
-  COMET_CUDA_CHECK(cudaMemcpy(h.ranks[1]->ids.get(), bad.data(), bad.size() * 4, cudaMemcpyHostToDevice));
+  h.ranks[1]->ids.upload(bad);  // complete before the ranks' streams read it (DeviceBuffer::upload)
   cudaStream_t caller = h.team.stream(0);
   h.fused.forward(h.batches(), caller);
   COMET_CUDA_CHECK(cudaStreamSynchronize(caller));
   for (const auto& out : h.outputs()) EXPECT_TRUE(all_nan(out)) << "a refused call's output must be NaN";
   const auto& good = h.problem.inputs[1].ids;
-  COMET_CUDA_CHECK(cudaMemcpy(h.ranks[1]->ids.get(), good.data(), good.size() * 4, cudaMemcpyHostToDevice));
+  h.ranks[1]->ids.upload(good);
   h.fused.forward(h.batches(), caller);  // good again: right output, the earlier error still kept
   COMET_CUDA_CHECK(cudaStreamSynchronize(caller));
   check_outputs(h, h.outputs());

@@ -125,6 +125,7 @@ class BigLayer {
       for (size_t i = 0; i < d.sample.size(); ++i)
         COMET_CUDA_CHECK(cudaMemcpy(d.dout.as<char>() + size_t(d.sample[i]) * H * 2, bits.data() + i * H,
                                     size_t(H) * 2, cudaMemcpyHostToDevice));
+      COMET_CUDA_CHECK(cudaDeviceSynchronize());  // landed before the ranks' non-blocking streams read it
       d.dx = DeviceBuffer(T * H * 2);
       d.dgates = DeviceBuffer(T * k * 4);
       d.dw0 = DeviceBuffer(size_t(El) * n0 * H * 4);

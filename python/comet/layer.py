@@ -113,7 +113,7 @@ class MoELayer(nn.Module):
             training = not fp8
         if fp8:  # before a team is made: the refusal needs no GPU
             check_fp8_layer("MoELayer", training, hidden_size)
-        check_transport("MoELayer", transport, fp8)
+        check_transport("MoELayer", transport)
         self.team = team or Team.local(1)
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,

@@ -87,13 +87,13 @@ _WEIGHT_GRAD_KERNELS = ("auto", "persistent", "grouped", "grouped_cooperative") 
 _TRANSPORTS = ("peer", "nvshmem")  # MoeOptions::transport
 
 
-def check_transport(where: str, transport: str, fp8: bool) -> None:
-    """Refuses a transport the layer cannot run, before a team or a GPU is touched."""
+def check_transport(where: str, transport: str) -> None:
+    """Refuses an unknown transport before a team or a GPU is touched (what a team can run with it,
+    the layer checks when it is built)."""
     if transport not in _TRANSPORTS:
         raise ValueError(f"{where}: transport must be one of {_TRANSPORTS}, got {transport!r}")
-    if transport == "nvshmem" and fp8:
-        raise ValueError(f"{where}: transport='nvshmem' runs bf16 layers only so far (an fp8 layer 0 uses "
-                         f"transport='peer')")
+
+
 _registry: dict[int, _Registered] = {}
 _handles = itertools.count(1)
 
@@ -176,7 +176,7 @@ class FusedMoE:
         fp8 = native_dtype == "e4m3"
         if fp8:
             check_fp8_layer("comet.FusedMoE", training, hidden_size)
-        check_transport("comet.FusedMoE", transport, fp8)
+        check_transport("comet.FusedMoE", transport)
         _lib.require_cuda("comet.FusedMoE")
         alloc = release = None
         if use_torch_allocator:

@@ -122,8 +122,8 @@ void launch_layer0_for(const Layer0Launch& l, cudaStream_t stream, const Transpo
 
 // fp8: A holds token records (comet/fp8.hpp; the dispatch moves them as rows of record_bytes / 2
 // 16-bit units), B the e4m3 codes of W0 with their 128 x 128 scales.
-template <class Cfg>
-void launch_layer0_fp8_for(const Layer0Launch& l, cudaStream_t stream) {
+template <class Cfg, class Transport = PeerTransport>
+void launch_layer0_fp8_for(const Layer0Launch& l, cudaStream_t stream, const Transport& tr = {}) {
   const DispatchArgs& d = l.dispatch;
   const int row_bytes = fp8::record_bytes(l.hidden);
   COMET_REQUIRE(l.hidden > 0 && l.hidden % Cfg::kScaleBlock == 0, "fp8 layer 0: H (", l.hidden,
@@ -136,7 +136,7 @@ void launch_layer0_fp8_for(const Layer0Launch& l, cudaStream_t stream) {
                 " records of ", row_bytes, " bytes exceed the scale view's 32-bit index");
   const ActivationStore epi{l.act, static_cast<__nv_bfloat16*>(l.hid), l.hid_ld, l.n0, static_cast<__nv_bfloat16*>(l.pre)};
   launch_layer0_kernel<Cfg>(d, Cfg::make_params(d.a, l.rows_cap, l.hidden, row_bytes, l.w0, l.w0_scales, l.n0, l.experts),
-                            GemmExtents{l.rows_cap, l.n0, l.hidden, l.experts}, epi, l.split, stream);
+                            GemmExtents{l.rows_cap, l.n0, l.hidden, l.experts}, epi, l.split, stream, tr);
 }
 
 // Layer 1's kernel: y = A B_e with A [rows_cap][k], B [experts] x (H, k), + the combine of y.

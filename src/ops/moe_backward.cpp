@@ -41,7 +41,7 @@ const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMo
                                           const LayerRequest& request) const {
   // Launches 2 and 3 of the planner (comet/tune.hpp): their own table keys, else the cost model with
   // the backward's GEMM shapes (N = F/tp for the backward of layer 1, K = W0 rows for that of layer 0).
-  return planner_.plan(layer == 1 ? 2 : 3, mode, s.tokens, transport_request(request));
+  return planner_.plan(layer == 1 ? 2 : 3, mode, s.tokens, transport_request(layer == 1 ? 2 : 3, request));
 }
 
 void MoeEngine::check_grad(int rank, const RankGrad& g) const {

@@ -435,7 +435,7 @@ void check_units(UnitRange units, LayerMode mode, const char* layer) {
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   check_units(units, mode, "layer 0");
   RankState& s = compute_state(rank);
-  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, transport_request(request));
+  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, transport_request(0, request));
   const LaunchDecision& d = planned.decision;
   s.last[0] = d;
   kernels::Layer0Launch l;
@@ -461,7 +461,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   check_units(units, mode, "layer 1");
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
-  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, transport_request(request));
+  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, transport_request(1, request));
   const LaunchDecision& d = planned.decision;
   s.last[1] = d;
   const int H = shape_.hidden;
@@ -496,12 +496,13 @@ void MoeEngine::check_transport() {
   COMET_REQUIRE(ipc && ipc->heap() == SymmetricHeap::nvshmem,
                 "FusedMoe: transport nvshmem needs an IpcTeam on NVSHMEM's heap (SymmetricHeap::nvshmem): its PEs "
                 "are the team's ranks");
-  COMET_REQUIRE(options_.dtype == DType::bf16,
-                "FusedMoe: transport nvshmem runs bf16 layers only so far (e4m3 uses transport peer)");
-  for (LayerRequest* r : {&options_.layer0, &options_.layer1}) {
-    COMET_REQUIRE(!r->tile_n || *r->tile_n == kernels::nvshmem::kTileN, "FusedMoe: transport nvshmem has tile 128x",
-                  kernels::nvshmem::kTileN, " only (asked for 128x", r->tile_n.value_or(0), ")");
-    r->tile_n = kernels::nvshmem::kTileN;
+  for (int layer : {0, 1}) {
+    LayerRequest& r = layer == 0 ? options_.layer0 : options_.layer1;
+    const int tile = nvshmem_tile(layer);
+    COMET_REQUIRE(!r.tile_n || *r.tile_n == tile, "FusedMoe: transport nvshmem has tile 128x", tile, " only for ",
+                  layer == 0 ? to_string(options_.dtype) : "bf16", " layer ", layer, " (asked for 128x",
+                  r.tile_n.value_or(0), ")");
+    r.tile_n = tile;
   }
   // Each NVSHMEM initialisation needs the kernels' module bound again (its device state).
   static int bound_session = -1;
@@ -536,12 +537,21 @@ void MoeEngine::register_get_targets(RankState& s) {
 #endif
 }
 
-LayerRequest MoeEngine::transport_request(const LayerRequest& request) const {
+LayerRequest MoeEngine::transport_request(int layer, const LayerRequest& request) const {
   LayerRequest r = request;
-#if COMET_HAVE_NVSHMEM_KERNELS
-  if (nvshmem_transport() && !r.tile_n) r.tile_n = kernels::nvshmem::kTileN;  // its one tile (others refused)
-#endif
+  if (nvshmem_transport() && !r.tile_n) r.tile_n = nvshmem_tile(layer);  // its one tile (others refused)
   return r;
+}
+
+// The NVSHMEM transport's compiled tile width of a launch (kernels/nvshmem/fused_nvshmem.hpp): the fp8
+// layer 0's 128, 256 for every bf16 launch (the backward's launches 2 and 3 included).
+int MoeEngine::nvshmem_tile(int layer) const {
+#if COMET_HAVE_NVSHMEM_KERNELS
+  return layer == 0 && options_.dtype == DType::e4m3 ? kernels::nvshmem::kFp8TileN : kernels::nvshmem::kTileN;
+#else
+  (void)layer;
+  return 256;
+#endif
 }
 
 

@@ -170,7 +170,9 @@ class MoeEngine {
   // fused launches through the one chosen.
   bool nvshmem_transport() const { return options_.transport == DeviceTransport::nvshmem; }
   void check_transport();
-  LayerRequest transport_request(const LayerRequest& request) const;  // the transport's tile where unset
+  // The transport's tile where unset, for launch `layer` (0, 1; 2, 3: the backward's).
+  LayerRequest transport_request(int layer, const LayerRequest& request) const;
+  int nvshmem_tile(int layer) const;
   void register_get_targets(RankState& s);  // NVSHMEM with a NIC: the local ends of gets registered
   void launch_fused(const RankState& s, const kernels::Layer0Launch& l) const;
   void launch_fused(const RankState& s, const kernels::Layer1Launch& l) const;

@@ -24,8 +24,8 @@ inline SymmetricHeap heap_from_env() {
   return v && *v ? parse_heap(v) : SymmetricHeap::cuda_ipc;
 }
 
-// peer (default) or nvshmem: the fused-layer cases' MoeOptions::transport (bf16 ones; the fp8 case stays
-// on peer pointers). nvshmem needs COMET_IPC_HEAP=nvshmem.
+// peer (default) or nvshmem: the fused-layer cases' MoeOptions::transport (the fp8 layer 0's too).
+// nvshmem needs COMET_IPC_HEAP=nvshmem.
 inline constexpr const char* kEnvTransport = "COMET_IPC_TRANSPORT";
 
 inline DeviceTransport transport_from_env() {

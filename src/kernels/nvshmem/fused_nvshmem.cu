@@ -49,6 +49,7 @@ __global__ void gather_routing_kernel(GatherRoutingArgs a, int pe_base) {
 
 void bind_fused_kernels() {
   team_detail::NvshmemHeap::bind_module(reinterpret_cast<const void*>(layer0_kernel<Cfg, ActivationStore, NvshmemTransport>));
+  bind_fp8_kernels();  // fused_fp8_nvshmem.cu: a module of its own
 }
 
 size_t staging_bytes(int comm_blocks) { return NvshmemTransport::staging_bytes(comm_blocks * (Cfg::kThreads / 32)); }
@@ -57,6 +58,7 @@ LaunchLimits layer0_limits() { return layer0_limits_for<Cfg, ActivationStore, Nv
 LaunchLimits layer1_limits() { return layer1_limits_for<Cfg, NvshmemTransport>(); }
 
 void launch_layer0(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream) {
+  if (l.dtype == DType::e4m3) return launch_layer0_fp8(l, t, stream);
   COMET_REQUIRE(l.tile_n == kTileN && l.dtype == DType::bf16, "fused layer 0 over NVSHMEM: bf16 with tile 128x",
                 kTileN, " only (asked: ", to_string(l.dtype), ", 128x", l.tile_n, ")");
   launch_layer0_for<Cfg>(l, stream, transport_of(t));

@@ -2,8 +2,9 @@
 // kernels as fused_layers.hpp's, whose comm blocks get rows from and put slices to PEs instead of
 // loading and storing through peer pointers. Built into comet where NVSHMEM's headers are
 // (COMET_HAVE_NVSHMEM_KERNELS); FusedMoe launches them with MoeOptions::transport = nvshmem. This header
-// keeps NVSHMEM's own headers out of its users. One tile width for now (kTileN), bf16: the forward's two
-// layers, the backward's two fused kernels and its gate-gradient ship; and the layer's other remote
+// keeps NVSHMEM's own headers out of its users. One tile width per dtype for now: bf16 (kTileN) for the
+// forward's two layers, the backward's two fused kernels and its gate-gradient ship, e4m3 (kFp8TileN)
+// for the fp8 layer 0; and the layer's other remote
 // accesses, so that a layer on this transport uses no peer pointer: the routing of every rank copied
 // into a local mirror for the plan (gather_routing) and a failed call's words (publish_failure).
 //
@@ -25,15 +26,16 @@
 
 namespace comet::kernels::nvshmem {
 
-inline constexpr int kTileN = 256;
+inline constexpr int kTileN = 256;     // bf16 layers (forward and backward)
+inline constexpr int kFp8TileN = 128;  // the fp8 (e4m3) layer 0 (its one compiled tile)
 
 struct TransportArgs {
   int pe_base = 0;          // the PE of team rank 0: rank r is PE pe_base + r
   void* staging = nullptr;  // layer 1: staging_bytes(comm blocks) of symmetric (or registered) memory
 };
 
-// Binds this module's NVSHMEM device state (team_detail::NvshmemHeap::bind_module), once per NVSHMEM
-// initialisation, before the first launch below.
+// Binds the NVSHMEM device state of the modules below (team_detail::NvshmemHeap::bind_module), once
+// per NVSHMEM initialisation, before the first launch.
 void bind_fused_kernels();
 
 // Bytes of layer 1's put staging for a launch with up to `comm_blocks` comm blocks (with the adaptive
@@ -42,7 +44,12 @@ size_t staging_bytes(int comm_blocks);
 
 LaunchLimits layer0_limits();
 LaunchLimits layer1_limits();
+// Layer 0 in bf16 (tile 128 x kTileN) or, with l.dtype e4m3, in fp8 (tile 128 x kFp8TileN: the records
+// of comet/fp8.hpp are what the gets move; fused_fp8_nvshmem.cu).
 void launch_layer0(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream);
+LaunchLimits layer0_fp8_limits();
+void launch_layer0_fp8(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream);
+void bind_fp8_kernels();  // bind_fused_kernels calls it
 void launch_layer1(const Layer1Launch& l, const TransportArgs& t, cudaStream_t stream);
 void launch_grad_layer1(const GradLayer1Launch& l, const TransportArgs& t, cudaStream_t stream);
 void launch_grad_layer0(const GradLayer0Launch& l, const TransportArgs& t, cudaStream_t stream);

@@ -26,7 +26,7 @@ IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& pa
   options.dtype = dtype;
   options.layer0 = forced(dtype == DType::e4m3 ? 128 : 256, 2);
   options.layer1 = forced(256, 3);
-  if (dtype == DType::bf16) options.transport = transport_from_env();
+  options.transport = transport_from_env();
   l.moe = std::make_unique<FusedMoe>(team, shape, par, MoeCapacity{l.problem.max_tokens(), 0}, options);
   l.mine = upload_rank(l.problem, team.rank());
   if (dtype == DType::e4m3) {
@@ -227,7 +227,9 @@ std::string check_unmapped_fused_layer(IpcTeam& team) {
   if (transport_from_env() != DeviceTransport::nvshmem) return "unmapped team: COMET_IPC_TRANSPORT must be nvshmem";
   MoeOptions nvshmem;
   nvshmem.transport = DeviceTransport::nvshmem;
-  return check_bf16_layers(team, nvshmem);
+  const std::string e = check_bf16_layers(team, nvshmem);
+  if (!e.empty()) return e;
+  return check_one(team, b.shape, b.par, b.tokens, testing::RoutingKind::uniform, 78, DType::e4m3);
 }
 
 }  // namespace comet::ipc_test

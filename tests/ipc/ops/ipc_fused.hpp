@@ -27,8 +27,8 @@ IpcLayer make_ipc_layer(IpcTeam& team, const MoeShape& shape, const Parallel& pa
 // Empty on success, else what failed.
 std::string check_fused_layer(IpcTeam& team);
 // On a team without peer pointers (maps_peers() false: NVSHMEM across nodes): transport peer refused,
-// and the bf16 cases of check_fused_layer with transport nvshmem (their DIGEST lines must equal CUDA
-// IPC's), a peer's refusal included.
+// and the cases of check_fused_layer with transport nvshmem (their DIGEST lines must equal CUDA IPC's),
+// a peer's refusal and the fp8 layer 0 included.
 std::string check_unmapped_fused_layer(IpcTeam& team);
 // A peer that never comes to a forward, or dies in one (`killed`): the others time out with a precise
 // error within a bound, their outputs are NaN, and the teardown (IpcTeam::close) ends either way.

@@ -3,14 +3,18 @@
 //   cuda_ipc      CUDA IPC memory handles; the comm blocks load and store through peer pointers
 //   nvshmem_heap  NVSHMEM's symmetric heap; the same kernels, through nvshmem_ptr
 //   nvshmem       NVSHMEM's heap and its device transport: the comm blocks get rows and put slices
-// Every process shares this GPU (start the MPS daemon so that their kernels run concurrently), so the
-// times compare the three ways on the same cases; they are not one GPU's layer time. Each case is
-// timed on every rank (CUDA events, median of --reps after --warmup); the record holds the slowest
-// rank's median, since the layer ends when its last rank does.
+// With at least --procs GPUs, rank r runs on GPU r (link "nvlink": DESIGN.md's benchmark over NVLink
+// with IpcTeam); with fewer (or --same-gpu), every process shares GPU 0 (start the MPS daemon so that
+// their kernels run concurrently) and the times compare the ways on the same cases; they are not one
+// GPU's layer time (link "device"). Each case is timed on every rank (CUDA events, median of --reps
+// after --warmup); the record holds the slowest rank's median, since the layer ends when its last rank
+// does. --systems adds the sequential baseline (Megatron-style: dispatch, cuBLAS GEMMs, combine; its
+// forward, on the same FusedMoe and transport) beside comet.
 //
 //   comet-bench-ipc [--procs 4] [--models mixtral,deepseek] [--layouts ep4] [--tokens 1024,4096]
 //                   [--transports cuda_ipc,nvshmem_heap,nvshmem] [--n-comm tuned,8]
-//                   [--layers l0,l1,fwd] [--reps 20] [--warmup 3] [--out F.json] [--commit C]
+//                   [--layers l0,l1,fwd] [--systems comet,sequential] [--same-gpu] [--reps 20]
+//                   [--warmup 3] [--out F.json] [--commit C]
 //
 // Run plainly it is the parent: it spawns --procs copies of itself (harness/pe_processes.hpp), which
 // meet through a Unix-socket rendezvous (the teams' all-gather). Rank 0 writes the JSON records
@@ -28,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "baselines/baselines.hpp"
 #include "bench_routing.hpp"
 #include "comet/common.hpp"
 #include "comet/fused_moe.hpp"
@@ -52,6 +57,8 @@ struct IpcOptions {
   std::vector<std::string> transports{"cuda_ipc", "nvshmem_heap", "nvshmem"};
   std::vector<std::optional<int>> n_comm{std::nullopt, 8};  // nullopt: the tuner's pick
   std::vector<std::string> layers{"l0", "l1", "fwd"};
+  std::vector<std::string> systems{"comet", "sequential"};
+  bool same_gpu = false;  // every rank on GPU 0 even where there are more
   int reps = 20, warmup = 3;
   unsigned alarm_s = 570;  // a rank still alive then is ended (the rendezvous and device waits are bounded too)
   std::string out = "bench/results/ipc_transports.json";
@@ -80,13 +87,18 @@ IpcOptions parse(int argc, char** argv) {
   IpcOptions o;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--same-gpu") {
+      o.same_gpu = true;
+      continue;
+    }
     if (flag == "--help" || flag == "-h") {
       std::printf(
           "comet-bench-ipc [--procs 4] [--models mixtral,deepseek] [--layouts ep<procs>] [--tokens 1024,4096]\n"
           "                [--transports cuda_ipc,nvshmem_heap,nvshmem] [--n-comm tuned,8] [--layers l0,l1,fwd]\n"
-          "                [--reps 20] [--warmup 3] [--alarm 570] [--out bench/results/ipc_transports.json]\n"
-          "                [--commit C]\n"
-          "One process per rank on this GPU (start the MPS daemon); the fused layer per transport, side by side.\n");
+          "                [--systems comet,sequential] [--same-gpu] [--reps 20] [--warmup 3] [--alarm 570]\n"
+          "                [--out bench/results/ipc_transports.json] [--commit C]\n"
+          "One process per rank (rank r on GPU r where there are enough, else all on GPU 0: start the MPS\n"
+          "daemon); the fused layer per transport, and the sequential baseline's forward, side by side.\n");
       std::exit(0);
     }
     COMET_REQUIRE(i + 1 < argc, "comet-bench-ipc: ", flag, " needs a value");
@@ -102,6 +114,7 @@ IpcOptions parse(int argc, char** argv) {
       o.n_comm.clear();
       for (const std::string& n : split(v)) o.n_comm.push_back(n == "tuned" ? std::nullopt : std::optional<int>(to_int(flag, n)));
     } else if (flag == "--layers") o.layers = split(v);
+    else if (flag == "--systems") o.systems = split(v);
     else if (flag == "--reps") o.reps = to_int(flag, v);
     else if (flag == "--warmup") o.warmup = to_int(flag, v);
     else if (flag == "--alarm") o.alarm_s = unsigned(to_int(flag, v));
@@ -120,6 +133,9 @@ IpcOptions parse(int argc, char** argv) {
                   " (cuda_ipc, nvshmem_heap, nvshmem)");
   for (const std::string& l : o.layers)
     COMET_REQUIRE(l == "l0" || l == "l1" || l == "fwd", "comet-bench-ipc: unknown layer ", l, " (l0, l1, fwd)");
+  for (const std::string& sys : o.systems)
+    COMET_REQUIRE(sys == "comet" || sys == "sequential", "comet-bench-ipc: unknown system ", sys,
+                  " (comet, sequential)");
   if (o.commit.empty()) o.commit = std::getenv("COMET_COMMIT") ? std::getenv("COMET_COMMIT") : "unknown";
   return o;
 }
@@ -129,9 +145,11 @@ struct RankCase {
   testing::DeviceBuffer x, ids, gates, out, w0, w1;
   RankBatch batch;
   std::unique_ptr<FusedMoe> moe;
+  std::unique_ptr<SequentialMoe> seq;  // the sequential baseline on the same layer (--systems sequential)
 };
 
-RankCase make_case(IpcTeam& team, const Model& model, const Layout& layout, int tokens, const MoeOptions& options) {
+RankCase make_case(IpcTeam& team, const Model& model, const Layout& layout, int tokens, const MoeOptions& options,
+                   bool sequential) {
   const MoeShape& shape = model.shape;
   const Parallel& par = layout.par;
   const int rank = team.rank(), H = shape.hidden;
@@ -156,7 +174,12 @@ RankCase make_case(IpcTeam& team, const Model& model, const Layout& layout, int 
   c.batch.gates = c.gates.as<float>();
   c.batch.out = c.out.get();
   c.moe = std::make_unique<FusedMoe>(team, shape, par, MoeCapacity{tokens, 0}, options);
-  c.moe->set_weights(rank, c.w0.get(), c.w1.get());
+  if (sequential) {
+    c.seq = std::make_unique<SequentialMoe>(*c.moe);
+    c.seq->set_weights(rank, c.w0.get(), c.w1.get());  // the FusedMoe's too
+  } else {
+    c.moe->set_weights(rank, c.w0.get(), c.w1.get());
+  }
   return c;
 }
 
@@ -166,12 +189,18 @@ struct Measured {
   int n_comm = -1, n_comm_l1 = -1;  // what the launches used (rank 0)
 };
 
-Measured time_layer(RankCase& c, const std::string& layer, const IpcOptions& o, testing::SocketRendezvous& rv,
-                    cudaStream_t stream) {
+// One layer of one system (comet: `layer` on `stream`; sequential: its forward, on the rank's team
+// stream, which it runs on).
+Measured time_layer(RankCase& c, const std::string& system, const std::string& layer, const IpcOptions& o,
+                    testing::SocketRendezvous& rv, cudaStream_t stream) {
   FusedMoe& moe = *c.moe;
   const std::vector<RankBatch> batch{c.batch};
   std::function<void()> pre = [] {}, fn;
-  if (layer == "l0") {
+  const int rank = moe.team().local_ranks().front();
+  if (system == "sequential") {
+    stream = moe.team().stream(rank);
+    fn = [&] { c.seq->forward(batch); };
+  } else if (layer == "l0") {
     fn = [&] { moe.forward_layer0(batch, stream); };
   } else if (layer == "l1") {  // layer 1 reads what an untimed layer 0 staged
     pre = [&] { moe.forward_layer0(batch, stream); };
@@ -188,22 +217,25 @@ Measured time_layer(RankCase& c, const std::string& layer, const IpcOptions& o, 
   m.min_ms = t.min_ms;
   m.max_ms = t.max_ms;
   m.samples = t.samples;
-  const int rank = moe.team().local_ranks().front();
+  if (system == "sequential") return m;
   if (layer != "l1") m.n_comm = moe.last_decision(rank, 0).n_comm;
   if (layer != "l0") (layer == "l1" ? m.n_comm : m.n_comm_l1) = moe.last_decision(rank, 1).n_comm;
   return m;
 }
 
-// Rows: case, layer and n_comm asked; columns: each transport's slowest-rank median (its n_comm), and
-// its ratio to CUDA IPC's.
+// Rows: case, layer and system (comet with the n_comm asked, or sequential); columns: each transport's
+// slowest-rank median (comet: the n_comm used), and its ratio to the first transport's.
 std::string markdown(const std::vector<Record>& records, const std::vector<std::string>& transports,
-                     const RunInfo& info, int procs) {
+                     const RunInfo& info, int procs, bool shared_gpu) {
   std::ostringstream os;
-  os << "# comet-bench-ipc: " << procs << " processes on one " << info.gpu << " (commit " << info.commit << ")\n\n"
-     << "The fused layer with one process per rank, per way the ranks reach each other's buffers. Every "
-        "process shares the one GPU: the times compare the transports; they are not a layer's time on one "
-        "GPU. Slowest rank's median, ms (n_comm used; layer 0 / layer 1 for fwd).\n\n| model | layout | tokens | "
-        "layer | n_comm asked |";
+  os << "# comet-bench-ipc: " << procs << " processes, " << (shared_gpu ? "all on one " : "one per ") << info.gpu
+     << " (commit " << info.commit << ")\n\n"
+     << "The MoE layer with one process per rank, per way the ranks reach each other's buffers. "
+     << (shared_gpu ? "Every process shares the one GPU: the times compare the transports; they are not a "
+                      "layer's time on one GPU. "
+                    : "")
+     << "Slowest rank's median, ms (comet: n_comm used; layer 0 / layer 1 for fwd).\n\n| model | layout | "
+        "tokens | layer | system |";
   for (const std::string& t : transports) os << " " << t << " |";
   for (size_t i = 1; i < transports.size(); ++i) os << " " << transports[i] << " / " << transports[0] << " |";
   os << "\n|---|---|---|---|---|";
@@ -212,9 +244,10 @@ std::string markdown(const std::vector<Record>& records, const std::vector<std::
   std::vector<std::string> order;
   std::map<std::string, std::map<std::string, const Record*>> rows;
   for (const Record& r : records) {
-    const std::string asked = r.tuned ? "tuned" : std::to_string(r.n_comm.value_or(-1));
+    const std::string system =
+        r.system != "comet" ? r.system : r.tuned ? "comet, tuned" : "comet, n_comm " + std::to_string(r.n_comm.value_or(-1));
     const std::string key = r.key.model + " | " + r.key.layout + " | " + std::to_string(r.key.tokens_per_rank) +
-                            " | " + r.layer + " | " + asked;
+                            " | " + r.layer + " | " + system;
     if (!rows.count(key)) order.push_back(key);
     rows[key][r.transport] = &r;
   }
@@ -228,8 +261,11 @@ std::string markdown(const std::vector<Record>& records, const std::vector<std::
         continue;
       }
       const Record& r = *it->second;
-      std::snprintf(buf, sizeof(buf), " %.3f (%d%s) |", r.median_ms, r.n_comm.value_or(-1),
-                    r.n_comm_l1 ? (" / " + std::to_string(*r.n_comm_l1)).c_str() : "");
+      if (r.system == "comet")
+        std::snprintf(buf, sizeof(buf), " %.3f (%d%s) |", r.median_ms, r.n_comm.value_or(-1),
+                      r.n_comm_l1 ? (" / " + std::to_string(*r.n_comm_l1)).c_str() : "");
+      else
+        std::snprintf(buf, sizeof(buf), " %.3f |", r.median_ms);
       os << buf;
     }
     const auto base = rows[key].find(transports[0]);
@@ -247,17 +283,49 @@ std::string markdown(const std::vector<Record>& records, const std::vector<std::
   return os.str();
 }
 
-std::string gpu_name() {
+std::string gpu_name(int device) {
   cudaDeviceProp prop{};
-  COMET_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  COMET_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   return prop.name;
 }
 
+// The record of one measurement; n_comm: what comet was asked (nullopt: the tuner's pick).
+Record make_record(const Model& model, const Layout& layout, const std::string& link, int tokens,
+                   const std::string& layer, const std::string& system, const std::optional<int>& n_comm,
+                   const Measured& m, const RankCase& c, const std::string& transport) {
+  Record r;
+  r.key = CaseKey{model.name, layout.name, layout.par.world(), layout.par.ep, layout.par.tp, link, tokens, "uniform"};
+  r.layer = layer;
+  r.system = system;
+  r.median_ms = m.median_ms;
+  r.min_ms = m.min_ms;
+  r.max_ms = m.max_ms;
+  r.samples = m.samples;
+  if (system == "comet") {
+    r.mode = "fused";
+    r.n_comm = m.n_comm;
+    if (m.n_comm_l1 >= 0) r.n_comm_l1 = m.n_comm_l1;
+    r.tuned = !n_comm.has_value();
+  }
+  r.tile_n = 256;
+  r.tokens_cap = tokens;
+  r.layer_bytes_per_rank = (long long)c.moe->device_bytes_per_rank();
+  r.transport = transport;
+  return r;
+}
+
 int run_rank(const IpcOptions& o, int rank) {
-  COMET_CUDA_CHECK(cudaSetDevice(0));
+  int devices = 0;
+  COMET_CUDA_CHECK(cudaGetDeviceCount(&devices));
+  const bool shared_gpu = o.same_gpu || devices < o.procs;
+  const int device = shared_gpu ? 0 : rank;  // rank r on GPU r where there are enough
+  const std::string link = shared_gpu ? "device" : "nvlink";
+  COMET_CUDA_CHECK(cudaSetDevice(device));
   testing::SocketRendezvous rv(harness::id_path_from_env() + ".sock", rank, o.procs, 120.0);
   cudaStream_t stream = nullptr;
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  const bool sequential = std::count(o.systems.begin(), o.systems.end(), "sequential") > 0;
+  const bool comet = std::count(o.systems.begin(), o.systems.end(), "comet") > 0;
   std::vector<Record> records;
   // One team per heap: CUDA IPC's for cuda_ipc, one NVSHMEM team for both of NVSHMEM's ways.
   for (const SymmetricHeap heap : {SymmetricHeap::cuda_ipc, SymmetricHeap::nvshmem}) {
@@ -269,7 +337,7 @@ int run_rank(const IpcOptions& o, int rank) {
       if (rank == 0) std::printf("NVSHMEM's host library does not load (COMET_NVSHMEM_LIB): its rows are not run\n");
       continue;
     }
-    IpcTeam team(rank, o.procs, rv.all_gather_fn(), 0, heap);
+    IpcTeam team(rank, o.procs, rv.all_gather_fn(), device, heap);
     team.set_timeout(30.0);
     for (const std::string& transport : here) {
       for (const std::string& model_name : o.models) {
@@ -277,7 +345,8 @@ int run_rank(const IpcOptions& o, int rank) {
         for (const std::string& layout_name : o.layouts) {
           const Layout layout = parse_layout(layout_name);
           for (const int tokens : o.tokens) {
-            for (const std::optional<int>& n_comm : o.n_comm) {
+            for (size_t ni = 0; ni < o.n_comm.size(); ++ni) {
+              const std::optional<int>& n_comm = o.n_comm[ni];
               MoeOptions options;
               options.transport = transport == "nvshmem" ? DeviceTransport::nvshmem : DeviceTransport::peer;
               for (LayerRequest* r : {&options.layer0, &options.layer1}) {
@@ -285,32 +354,24 @@ int run_rank(const IpcOptions& o, int rank) {
                 r->n_comm = n_comm;
               }
               options.adaptive_split = !n_comm.has_value();
-              RankCase c = make_case(team, model, layout, tokens, options);
-              for (const std::string& layer : o.layers) {
-                const Measured m = time_layer(c, layer, o, rv, stream);
-                Record r;
-                r.key = CaseKey{model.name, layout.name, o.procs, layout.par.ep, layout.par.tp, "device", tokens, "uniform"};
-                r.layer = layer;
-                r.system = "comet";
-                r.mode = "fused";
-                r.median_ms = m.median_ms;
-                r.min_ms = m.min_ms;
-                r.max_ms = m.max_ms;
-                r.samples = m.samples;
-                r.n_comm = m.n_comm;
-                if (m.n_comm_l1 >= 0) r.n_comm_l1 = m.n_comm_l1;
-                r.tuned = !n_comm.has_value();
-                r.tile_n = 256;
-                r.tokens_cap = tokens;
-                r.layer_bytes_per_rank = (long long)c.moe->device_bytes_per_rank();
-                r.transport = transport;
-                records.push_back(r);
+              // The sequential baseline does not depend on n_comm: once per case, beside the first.
+              const bool with_seq = sequential && ni == 0;
+              RankCase c = make_case(team, model, layout, tokens, options, with_seq);
+              std::vector<std::pair<std::string, std::string>> runs;  // (system, layer)
+              if (comet)
+                for (const std::string& layer : o.layers) runs.push_back({"comet", layer});
+              if (with_seq) runs.push_back({"sequential", "fwd"});
+              for (const auto& [system, layer] : runs) {
+                const Measured m = time_layer(c, system, layer, o, rv, stream);
+                records.push_back(make_record(model, layout, link, tokens, layer, system, n_comm, m, c, transport));
                 if (rank == 0)
-                  std::printf("%-12s %-8s %-6s %5d %-4s n_comm %-6s %8.3f ms\n", transport.c_str(), model.name.c_str(),
-                              layout.name.c_str(), tokens, layer.c_str(),
-                              n_comm ? std::to_string(*n_comm).c_str() : "tuned", r.median_ms);
+                  std::printf("%-12s %-8s %-6s %5d %-4s %-10s n_comm %-6s %8.3f ms\n", transport.c_str(),
+                              model.name.c_str(), layout.name.c_str(), tokens, layer.c_str(), system.c_str(),
+                              system != "comet" ? "-" : n_comm ? std::to_string(*n_comm).c_str() : "tuned",
+                              m.median_ms);
                 std::fflush(stdout);
               }
+              c.seq.reset();
               c.moe->close();  // collective: every rank is done with the case's buffers
             }
           }
@@ -321,12 +382,12 @@ int run_rank(const IpcOptions& o, int rank) {
   }
   COMET_CUDA_CHECK(cudaStreamDestroy(stream));
   if (rank == 0) {
-    const RunInfo info{gpu_name(), o.commit};
+    const RunInfo info{gpu_name(device), o.commit};
     write_results(o.out, records, info);
     std::string md = o.out;
     const size_t dot = md.rfind(".json");
     md = (dot == std::string::npos ? md : md.substr(0, dot)) + ".md";
-    std::ofstream(md) << markdown(records, o.transports, info, o.procs);
+    std::ofstream(md) << markdown(records, o.transports, info, o.procs, shared_gpu);
     std::printf("wrote %s and %s\n", o.out.c_str(), md.c_str());
   }
   rv.barrier();

@@ -1,6 +1,8 @@
 // A FusedMoe's capacity and the device memory it holds per rank, buffer by buffer. FusedMoe sizes its
 // buffers with these functions (device_bytes_per_rank() is footprint().total()), so a framework or the
-// benchmark can plan memory before it builds a layer.
+// benchmark can plan memory before it builds a layer. Not counted: what MoeOptions::transport = nvshmem
+// adds (its put staging, 6.5 MB on an H200, which depends on the GPU's resident blocks; the routing
+// mirror, W times the routing buffer; four W-entry address tables): device_bytes_per_rank() includes it.
 #pragma once
 
 #include <cstddef>

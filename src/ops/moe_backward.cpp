@@ -286,6 +286,8 @@ LayerRequest MoeEngine::backward_request(int launch) const {
   // 3 layer 1's), except a forced tile the backward was not compiled with (192): that is the planner's.
   LayerRequest r = launch == 2 ? options_.layer0 : options_.layer1;
   if (r.tile_n && !kernels::is_supported_tile_n(*r.tile_n, launch)) r.tile_n.reset();
+  // The NVSHMEM transport's backward has one width (transport_request sets it).
+  if (r.tile_n && nvshmem_transport() && *r.tile_n != kNvshmemGradTileN) r.tile_n.reset();
   return r;
 }
 

@@ -121,8 +121,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   planner_.plan(0, LayerMode::fused, cap_.max_tokens_per_rank, options_.layer0);
   planner_.plan(1, LayerMode::fused, cap_.max_tokens_per_rank, options_.layer1);
   if (options_.training) {
-    planner_.plan(2, LayerMode::fused, cap_.max_tokens_per_rank, backward_request(2));
-    planner_.plan(3, LayerMode::fused, cap_.max_tokens_per_rank, backward_request(3));
+    planner_.plan(2, LayerMode::fused, cap_.max_tokens_per_rank, transport_request(2, backward_request(2)));
+    planner_.plan(3, LayerMode::fused, cap_.max_tokens_per_rank, transport_request(3, backward_request(3)));
   }
 
   const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
@@ -137,7 +137,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
 #if COMET_HAVE_NVSHMEM_KERNELS
   // Every comm block the layer-1 launch could have (its resident grid) stages its puts here.
   if (nvshmem_transport())
-    staging_sym_ = team_.alloc_symmetric(kernels::nvshmem::staging_bytes(kernels::nvshmem::layer1_limits().max_blocks));
+    staging_sym_ = team_.alloc_symmetric(kernels::nvshmem::staging_bytes(kernels::nvshmem::max_layer1_blocks()));
 #endif
 
   const int rows = cap_.max_rows_per_rank;
@@ -435,7 +435,7 @@ void check_units(UnitRange units, LayerMode mode, const char* layer) {
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   check_units(units, mode, "layer 0");
   RankState& s = compute_state(rank);
-  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, transport_request(0, request));
+  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, request);
   const LaunchDecision& d = planned.decision;
   s.last[0] = d;
   kernels::Layer0Launch l;
@@ -461,7 +461,7 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   check_units(units, mode, "layer 1");
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
-  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, transport_request(1, request));
+  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, request);
   const LaunchDecision& d = planned.decision;
   s.last[1] = d;
   const int H = shape_.hidden;
@@ -496,14 +496,8 @@ void MoeEngine::check_transport() {
   COMET_REQUIRE(ipc && ipc->heap() == SymmetricHeap::nvshmem,
                 "FusedMoe: transport nvshmem needs an IpcTeam on NVSHMEM's heap (SymmetricHeap::nvshmem): its PEs "
                 "are the team's ranks");
-  for (int layer : {0, 1}) {
-    LayerRequest& r = layer == 0 ? options_.layer0 : options_.layer1;
-    const int tile = nvshmem_tile(layer);
-    COMET_REQUIRE(!r.tile_n || *r.tile_n == tile, "FusedMoe: transport nvshmem has tile 128x", tile, " only for ",
-                  layer == 0 ? to_string(options_.dtype) : "bf16", " layer ", layer, " (asked for 128x",
-                  r.tile_n.value_or(0), ")");
-    r.tile_n = tile;
-  }
+  // The forward's layers have every tile width the peer-pointer kernels have (the planner checks a
+  // forced one); the backward's launches have 256 (backward_request, transport_request).
   // Each NVSHMEM initialisation needs the kernels' module bound again (its device state).
   static int bound_session = -1;
   if (bound_session != team_detail::NvshmemHeap::session()) {
@@ -537,21 +531,15 @@ void MoeEngine::register_get_targets(RankState& s) {
 #endif
 }
 
-LayerRequest MoeEngine::transport_request(int layer, const LayerRequest& request) const {
-  LayerRequest r = request;
-  if (nvshmem_transport() && !r.tile_n) r.tile_n = nvshmem_tile(layer);  // its one tile (others refused)
-  return r;
-}
-
-// The NVSHMEM transport's compiled tile width of a launch (kernels/nvshmem/fused_nvshmem.hpp): the fp8
-// layer 0's 128, 256 for every bf16 launch (the backward's launches 2 and 3 included).
-int MoeEngine::nvshmem_tile(int layer) const {
+// The NVSHMEM transport compiles the backward's fused launches (2, 3) with one tile width
+// (kernels/nvshmem/fused_nvshmem.hpp: kTileN); the forward's are the planner's, as with peer pointers.
+LayerRequest MoeEngine::transport_request(int launch, const LayerRequest& request) const {
 #if COMET_HAVE_NVSHMEM_KERNELS
-  return layer == 0 && options_.dtype == DType::e4m3 ? kernels::nvshmem::kFp8TileN : kernels::nvshmem::kTileN;
-#else
-  (void)layer;
-  return 256;
+  static_assert(kNvshmemGradTileN == kernels::nvshmem::kTileN, "the NVSHMEM backward's compiled width");
 #endif
+  LayerRequest r = request;
+  if (nvshmem_transport() && launch >= 2 && !r.tile_n) r.tile_n = kNvshmemGradTileN;
+  return r;
 }
 
 

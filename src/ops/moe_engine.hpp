@@ -170,9 +170,9 @@ class MoeEngine {
   // fused launches through the one chosen.
   bool nvshmem_transport() const { return options_.transport == DeviceTransport::nvshmem; }
   void check_transport();
-  // The transport's tile where unset, for launch `layer` (0, 1; 2, 3: the backward's).
-  LayerRequest transport_request(int layer, const LayerRequest& request) const;
-  int nvshmem_tile(int layer) const;
+  // The transport's tile where unset, for the backward's launches (2, 3); the others as asked.
+  LayerRequest transport_request(int launch, const LayerRequest& request) const;
+  static constexpr int kNvshmemGradTileN = 256;  // kernels::nvshmem::kTileN (checked in moe_engine.cpp)
   void register_get_targets(RankState& s);  // NVSHMEM with a NIC: the local ends of gets registered
   void launch_fused(const RankState& s, const kernels::Layer0Launch& l) const;
   void launch_fused(const RankState& s, const kernels::Layer1Launch& l) const;

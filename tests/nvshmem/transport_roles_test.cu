@@ -58,7 +58,7 @@ struct Case {
   const char* name;
   int hidden, experts, topk, tokens, tp;
   Routing routing;
-  bool fused = false;  // also the fused layers (tile 128x256: H a multiple of 256)
+  bool fused = false;  // also the fused layers (every tile width the NVSHMEM transport has)
 };
 
 // Every rank's top-k from the case's seed: distinct experts, gates in (0, 1).
@@ -198,11 +198,12 @@ constexpr int kFusedFfn = 512;
 
 void run_fused(const Case& c, const Config& cfg, const PlanView& hp, const kernels::DispatchArgs& d0,
                const kernels::CombineArgs& cb0, __nv_bfloat16* x, __nv_bfloat16* a, __nv_bfloat16* recv,
-               __nv_bfloat16* staging, const TeamDeviceView& team, kernels::Epoch& epoch, float (&ms)[2][2],
-               Failures& fail) {
+               __nv_bfloat16* staging, const TeamDeviceView& team, kernels::Epoch& epoch, int tile_n,
+               float (&ms)[2][2], Failures& fail) {
   const int H = c.hidden, F = kFusedFfn, n0 = 2 * F, k = c.topk, world = cfg.world, T = cfg.max_tokens;
   const int experts = c.experts / cfg.plan.par.ep, rows_cap = cfg.plan.cap.max_rows;
-  const int max_tiles = rows_cap / 128, n_blocks = H / kernels::nvshmem::kTileN;
+  const int max_tiles = rows_cap / 128, n_blocks = (H + tile_n - 1) / tile_n;
+  const std::string at = " (tile 128x" + std::to_string(tile_n) + ")";
   const int pe = cfg.plan.rank;
   // Weights: small values, so that hid and Y stay in bf16's comfortable range.
   std::vector<bf16_bits> w0(size_t(experts) * n0 * H), w1(size_t(experts) * H * F);
@@ -234,7 +235,7 @@ void run_fused(const Case& c, const Config& cfg, const PlanView& hp, const kerne
     split.mode = kernels::Mode::fused;
     split.team = team;
     kernels::Layer0Launch l0;
-    l0.tile_n = kernels::nvshmem::kTileN;
+    l0.tile_n = tile_n;
     l0.hidden = H;
     l0.w0 = dw0;
     l0.n0 = n0;
@@ -246,7 +247,7 @@ void run_fused(const Case& c, const Config& cfg, const PlanView& hp, const kerne
     l0.dispatch = d0;  // peer_x as the role runs left it: set below per transport
     l0.split = split;
     kernels::Layer1Launch l1;
-    l1.tile_n = kernels::nvshmem::kTileN;
+    l1.tile_n = tile_n;
     l1.hid = hid;
     l1.ffn_shard = F;
     l1.w1 = dw1;
@@ -257,7 +258,7 @@ void run_fused(const Case& c, const Config& cfg, const PlanView& hp, const kerne
     l1.combine = cb0;
     l1.combine.y = y;
     l1.combine.self_partial = self_partial;
-    l1.combine.tile_n = kernels::nvshmem::kTileN;
+    l1.combine.tile_n = tile_n;
     l1.combine.n_blocks = n_blocks;
     l1.split = split;
     // The transports' addresses: peer pointers from nvshmem_ptr, or this PE's own symmetric ones.
@@ -298,8 +299,8 @@ void run_fused(const Case& c, const Config& cfg, const PlanView& hp, const kerne
     for (auto& e : ev) PE_CUDA(cudaEventDestroy(e));
     const DeviceStatus st = host_copy(team.status, 1)[0];
     if (st.code != 0)
-      fail.add(std::string("fused (") + (tr ? "nvshmem" : "peer") + "): device status code " + std::to_string(st.code) +
-               " site " + std::to_string(st.site) + " index " + std::to_string(st.index));
+      fail.add(std::string("fused (") + (tr ? "nvshmem" : "peer") + ")" + at + ": device status code " +
+               std::to_string(st.code) + " site " + std::to_string(st.site) + " index " + std::to_string(st.index));
     nvshmem_barrier_all();  // every rank's layer 1 has shipped
     hid_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(hid), size_t(rows_cap) * F);
     a_out[tr] = host_copy(reinterpret_cast<const bf16_bits*>(a), size_t(rows_cap) * H);
@@ -310,11 +311,11 @@ void run_fused(const Case& c, const Config& cfg, const PlanView& hp, const kerne
   // gave the same bits everywhere.
   long long nonzero = 0;
   for (bf16_bits v : hid_out[0]) nonzero += (v & 0x7fff) != 0;
-  if (hp.expert_offset[experts] > 0 && nonzero == 0) fail.add("fused (peer): hid is all zero");
-  if (a_out[0] != a_out[1]) fail.add("fused layer 0: A differs between the transports");
-  if (hid_out[0] != hid_out[1]) fail.add("fused layer 0: hid differs between the transports");
-  if (recv_out[0] != recv_out[1]) fail.add("fused layer 1: the receive buffer differs between the transports");
-  if (self_out[0] != self_out[1]) fail.add("fused layer 1: the self partial differs between the transports");
+  if (hp.expert_offset[experts] > 0 && nonzero == 0) fail.add("fused (peer)" + at + ": hid is all zero");
+  if (a_out[0] != a_out[1]) fail.add("fused layer 0" + at + ": A differs between the transports");
+  if (hid_out[0] != hid_out[1]) fail.add("fused layer 0" + at + ": hid differs between the transports");
+  if (recv_out[0] != recv_out[1]) fail.add("fused layer 1" + at + ": the receive buffer differs between the transports");
+  if (self_out[0] != self_out[1]) fail.add("fused layer 1" + at + ": the self partial differs between the transports");
 }
 
 // ---- one case on this PE -------------------------------------------------------------------------
@@ -536,8 +537,12 @@ bool run_case(const Case& c, int pe, int world) {
   if (recv_out[0] != recv_out[1] || self_out[0] != self_out[1])
     fail.add("combine: the NVSHMEM transport's output differs from the peer pointers' (not bitwise equal)");
 
-  float fused_ms[2][2] = {};
-  if (c.fused) run_fused(c, cfg, hp, d, cb, x, a, recv, staging, team, epoch, fused_ms, fail);
+  // The fused layers at every tile width the NVSHMEM transport has (the tuner may pick any).
+  constexpr int kFusedTiles[3] = {256, 192, 128};
+  float fused_ms[3][2][2] = {};
+  if (c.fused)
+    for (int i = 0; i < 3; ++i)
+      run_fused(c, cfg, hp, d, cb, x, a, recv, staging, team, epoch, kFusedTiles[i], fused_ms[i], fail);
 
   // Rates per comm block (the two runs have different block counts): MB / ms / blocks = GB/s a block.
   const double pulled_mb = double(pulled_rows) * row_bytes / 1e6, shipped_mb = double(shipped_slices) * 512 / 1e6;
@@ -549,8 +554,11 @@ bool run_case(const Case& c, int pe, int world) {
               combine_ms[0] * 1e3, per_block(shipped_mb, combine_ms[0], combine_blocks[0]), combine_ms[1] * 1e3,
               per_block(shipped_mb, combine_ms[1], combine_blocks[1]), fail.what.empty() ? "ok" : "FAIL");
   if (c.fused)
-    std::printf("pe %d %-20s fused layer 0: peer %.1f us, nvshmem %.1f us | fused layer 1: peer %.1f us, nvshmem %.1f us\n",
-                pe, c.name, fused_ms[0][0] * 1e3, fused_ms[0][1] * 1e3, fused_ms[1][0] * 1e3, fused_ms[1][1] * 1e3);
+    for (int i = 0; i < 3; ++i)
+      std::printf("pe %d %-20s tile 128x%d: fused layer 0: peer %.1f us, nvshmem %.1f us | fused layer 1: peer %.1f us, "
+                  "nvshmem %.1f us\n",
+                  pe, c.name, kFusedTiles[i], fused_ms[i][0][0] * 1e3, fused_ms[i][0][1] * 1e3, fused_ms[i][1][0] * 1e3,
+                  fused_ms[i][1][1] * 1e3);
   for (const auto& w : fail.what) std::printf("pe %d %s: %s\n", pe, c.name, w.c_str());
   std::fflush(stdout);
 

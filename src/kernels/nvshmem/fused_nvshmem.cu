@@ -1,25 +1,31 @@
-// The fused layers over NVSHMEM (fused_nvshmem.hpp): fused_launch.cuh's launchers (forward and
-// backward), the gate-gradient ship and the failure words with NvshmemTransport, one tile width; the
-// routing gather; and the binding of this module's NVSHMEM device state.
+// The fused layers over NVSHMEM (fused_nvshmem.hpp): the forward's bf16 layers per tile width (this
+// file compiles 256; forward_tiles.hpp has the others), the backward's fused launchers, the gate-gradient
+// ship and the failure words with NvshmemTransport; the routing gather; and the binding of every
+// module's NVSHMEM device state.
 #include "kernels/nvshmem/fused_nvshmem.hpp"
 
 #include "comet/plan.hpp"
-#include "kernels/fused_launch.cuh"
 #include "kernels/gate_grad_ship.cuh"
+#include "kernels/nvshmem/forward_tile.cuh"
 #include "kernels/peer_failure.cuh"
-#include "kernels/transport_nvshmem.cuh"
-#include "team/nvshmem_heap.hpp"
 
 namespace comet::kernels::nvshmem {
+
+const tiles::ForwardTile& tiles::forward_tile256() {
+  static const ForwardTile f = make_forward_tile<256>();
+  return f;
+}
+
 namespace {
 
 using Cfg = GemmConfig<kTileM, kTileN>;
+using tiles::transport_of;
 
-NvshmemTransport transport_of(const TransportArgs& t) {
-  NvshmemTransport tr;
-  tr.pe_base = t.pe_base;
-  tr.staging = static_cast<__nv_bfloat16*>(t.staging);
-  return tr;
+// The forward's bf16 layers of a tile width; InvalidArgument for one not compiled.
+const tiles::ForwardTile& forward_tile(int tile_n, const char* what) {
+  for (const tiles::ForwardTile* f : {&tiles::forward_tile128(), &tiles::forward_tile192(), &tiles::forward_tile256()})
+    if (f->tile_n == tile_n) return *f;
+  throw InvalidArgument(comet::detail::concat(what, " over NVSHMEM: no 128x", tile_n, " tile (128, 192 and 256 are compiled)"));
 }
 
 // Block p copies rank p's routing: its token count, then the ids and gates of those tokens (blocking
@@ -48,27 +54,31 @@ __global__ void gather_routing_kernel(GatherRoutingArgs a, int pe_base) {
 }  // namespace
 
 void bind_fused_kernels() {
+  // This module (the 256 tile, the backward, the small kernels), then each of its own.
   team_detail::NvshmemHeap::bind_module(reinterpret_cast<const void*>(layer0_kernel<Cfg, ActivationStore, NvshmemTransport>));
-  bind_fp8_kernels();  // fused_fp8_nvshmem.cu: a module of its own
+  tiles::forward_tile128().bind();
+  tiles::forward_tile192().bind();
+  bind_fp8_kernels();
 }
 
 size_t staging_bytes(int comm_blocks) { return NvshmemTransport::staging_bytes(comm_blocks * (Cfg::kThreads / 32)); }
 
-LaunchLimits layer0_limits() { return layer0_limits_for<Cfg, ActivationStore, NvshmemTransport>(); }
-LaunchLimits layer1_limits() { return layer1_limits_for<Cfg, NvshmemTransport>(); }
+LaunchLimits layer0_limits(int tile_n) { return forward_tile(tile_n, "fused layer 0").layer0_limits(); }
+LaunchLimits layer1_limits(int tile_n) { return forward_tile(tile_n, "fused layer 1").layer1_limits(); }
+int max_layer1_blocks() {
+  int most = 0;
+  for (int tile_n : {128, 192, 256}) most = std::max(most, layer1_limits(tile_n).max_blocks);
+  return most;
+}
 
 void launch_layer0(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream) {
   if (l.dtype == DType::e4m3) return launch_layer0_fp8(l, t, stream);
-  COMET_REQUIRE(l.tile_n == kTileN && l.dtype == DType::bf16, "fused layer 0 over NVSHMEM: bf16 with tile 128x",
-                kTileN, " only (asked: ", to_string(l.dtype), ", 128x", l.tile_n, ")");
-  launch_layer0_for<Cfg>(l, stream, transport_of(t));
+  COMET_REQUIRE(l.dtype == DType::bf16, "fused layer 0 over NVSHMEM: bf16 or e4m3 (asked: ", to_string(l.dtype), ")");
+  forward_tile(l.tile_n, "fused layer 0").layer0(l, t, stream);
 }
 
 void launch_layer1(const Layer1Launch& l, const TransportArgs& t, cudaStream_t stream) {
-  COMET_REQUIRE(l.tile_n == kTileN, "fused layer 1 over NVSHMEM: tile 128x", kTileN, " only (asked: 128x", l.tile_n, ")");
-  COMET_REQUIRE(t.staging != nullptr || l.split.n_comm == 0,
-                "fused layer 1 over NVSHMEM: comm blocks need the put staging (staging_bytes)");
-  launch_layer1_for<Cfg>(l, stream, transport_of(t));
+  forward_tile(l.tile_n, "fused layer 1").layer1(l, t, stream);
 }
 
 void launch_grad_layer1(const GradLayer1Launch& l, const TransportArgs& t, cudaStream_t stream) {

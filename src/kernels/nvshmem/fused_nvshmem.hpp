@@ -2,9 +2,9 @@
 // kernels as fused_layers.hpp's, whose comm blocks get rows from and put slices to PEs instead of
 // loading and storing through peer pointers. Built into comet where NVSHMEM's headers are
 // (COMET_HAVE_NVSHMEM_KERNELS); FusedMoe launches them with MoeOptions::transport = nvshmem. This header
-// keeps NVSHMEM's own headers out of its users. One tile width per dtype for now: bf16 (kTileN) for the
-// forward's two layers, the backward's two fused kernels and its gate-gradient ship, e4m3 (kFp8TileN)
-// for the fp8 layer 0; and the layer's other remote
+// keeps NVSHMEM's own headers out of its users. Tile widths: 128, 192 and 256 for the forward's bf16
+// layers (as with peer pointers), 256 (kTileN) for the backward's two fused kernels, kFp8TileN for the
+// fp8 layer 0; the backward's gate-gradient ship; and the layer's other remote
 // accesses, so that a layer on this transport uses no peer pointer: the routing of every rank copied
 // into a local mirror for the plan (gather_routing) and a failed call's words (publish_failure).
 //
@@ -26,7 +26,7 @@
 
 namespace comet::kernels::nvshmem {
 
-inline constexpr int kTileN = 256;     // bf16 layers (forward and backward)
+inline constexpr int kTileN = 256;     // the backward's fused launches (the forward's bf16 layers: 128, 192, 256)
 inline constexpr int kFp8TileN = 128;  // the fp8 (e4m3) layer 0 (its one compiled tile)
 
 struct TransportArgs {
@@ -42,10 +42,12 @@ void bind_fused_kernels();
 // split: the most it may pick).
 size_t staging_bytes(int comm_blocks);
 
-LaunchLimits layer0_limits();
-LaunchLimits layer1_limits();
-// Layer 0 in bf16 (tile 128 x kTileN) or, with l.dtype e4m3, in fp8 (tile 128 x kFp8TileN: the records
-// of comet/fp8.hpp are what the gets move; fused_fp8_nvshmem.cu).
+// The forward's bf16 layers: tile widths 128, 192 and 256, like the peer-pointer kernels'.
+LaunchLimits layer0_limits(int tile_n);
+LaunchLimits layer1_limits(int tile_n);
+int max_layer1_blocks();  // the most resident blocks of any layer-1 width (sizes the put staging)
+// Layer 0 in bf16 (tile 128 x l.tile_n) or, with l.dtype e4m3, in fp8 (tile 128 x kFp8TileN: the
+// records of comet/fp8.hpp are what the gets move; fused_fp8_nvshmem.cu).
 void launch_layer0(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream);
 LaunchLimits layer0_fp8_limits();
 void launch_layer0_fp8(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream);

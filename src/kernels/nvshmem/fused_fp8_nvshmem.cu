@@ -5,9 +5,7 @@
 // builds compile side by side.
 #include "kernels/nvshmem/fused_nvshmem.hpp"
 
-#include "kernels/fused_launch.cuh"
-#include "kernels/transport_nvshmem.cuh"
-#include "team/nvshmem_heap.hpp"
+#include "kernels/nvshmem/forward_tile.cuh"  // fused_launch.cuh, the transport, transport_of
 
 namespace comet::kernels::nvshmem {
 namespace {
@@ -25,10 +23,7 @@ LaunchLimits layer0_fp8_limits() { return layer0_limits_for<Fp8Cfg, ActivationSt
 void launch_layer0_fp8(const Layer0Launch& l, const TransportArgs& t, cudaStream_t stream) {
   COMET_REQUIRE(l.tile_n == kFp8TileN && l.dtype == DType::e4m3, "fp8 layer 0 over NVSHMEM: e4m3 with tile 128x",
                 kFp8TileN, " only (asked: ", to_string(l.dtype), ", 128x", l.tile_n, ")");
-  NvshmemTransport tr;
-  tr.pe_base = t.pe_base;
-  tr.staging = static_cast<__nv_bfloat16*>(t.staging);  // unused by layer 0 (it gets; it does not put)
-  launch_layer0_fp8_for<Fp8Cfg>(l, stream, tr);
+  launch_layer0_fp8_for<Fp8Cfg>(l, stream, tiles::transport_of(t));  // layer 0 gets; its staging stays unused
 }
 
 }  // namespace comet::kernels::nvshmem

@@ -59,21 +59,29 @@ struct LayerWork {
   int topk = 1;
   int gemm_n = 0;            // the GEMM's N (layer 0: W0 rows of the shard; 1 and 3: H; 2: F/tp); 0: unknown
   bool backward = false;     // a backward kernel (launch 2 or 3): compiled tiles 128 and 256 only
+  // What a unit moves, per destination row: 2H for bf16 rows; layer 0 in e4m3 moves the packed record
+  // (fp8::record_bytes(H): codes, 1 x 128 scales, padding), about half. 0 reads as 2H (a LayerWork
+  // filled by hand).
+  double row_bytes = 0;
+  bool fp8 = false;          // the GEMM runs in e4m3 (layer 0 with DType::e4m3): CostModel's fp8 rate
 };
 
-// One row's work: the layer's shape fields (layer, hidden, topk, gemm_n) and, in `flops`, the GEMM
-// flops of a single row; the counts are 0. measured_work (cost_model_eval.hpp) scales it by a plan's counts.
-LayerWork row_work(const MoeShape& s, const Parallel& p, int layer);
+// One row's work: the layer's shape fields (layer, hidden, topk, gemm_n, row_bytes, fp8) and, in
+// `flops`, the GEMM flops of a single row; the counts are 0. measured_work (cost_model_eval.hpp) scales
+// it by a plan's counts. `dtype` is layer 0's (the other launches are bf16).
+LayerWork row_work(const MoeShape& s, const Parallel& p, int layer, DType dtype = DType::bf16);
 
 // Expected work of one rank for a shape, layout and tokens per rank under uniform routing.
-LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n);
+LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n,
+                        DType dtype = DType::bf16);
 
 // The cost model, with rates measured on one GPU and link (comet-tune calibrates them from a sweep;
 // the defaults are H200 readings over the host link, bench/results/h200_host_full_a.json):
-//   T_gemm  = flops / (gemm rate per SM x compute blocks)
+//   T_gemm  = flops / (gemm rate per SM x compute blocks)   (e4m3 layer 0: the fp8 rate, its one 128-wide tile)
 //   T_block = units x unit time / n  (a comm block is latency-bound: measured, a 4 KB row costs it
 //             about what an 8 KB row does)
-//             layer 0 unit: l0_unit_us + its destination rows' bytes / l0_store_gbps (local bulk stores)
+//             layer 0 unit: l0_unit_us + its destination rows' bytes / l0_store_gbps (local bulk stores;
+//             a row is 2H bytes, an e4m3 record about H)
 //             layer 1 unit: l1_slice_us x 256-column chunks x top-k / 16 (the combine's batches)
 //   T_link  = link bytes / link_gbps;   T_comm = (T_block^4 + T_link^4)^(1/4)  (a smooth max)
 //   T_fused = max(T_gemm, T_comm) + overlap_penalty x min(T_gemm, T_comm)
@@ -83,6 +91,11 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
 // only where 256-wide tiles waste many columns (Qwen2 tp 8: N = 352, 31 % padding; 9 % with either).
 struct CostModel {
   double gemm_tflops_per_sm = 4.61;  // bf16 GEMM rate of one SM in the fused kernel
+  // e4m3 GEMM rate of one SM in the fused layer 0 (128 x 128 tiles, 1 x 128 / 128 x 128 block scales):
+  // H200, the 16 gemm_only e4m3 records of bench/results/h200_fp8_first_84131cc.json (Mixtral and
+  // DeepSeek-V3, EP 8 / TP 8, 4096 / 16384 tokens, 824-1125 TFLOP/s), median 1044 TFLOP/s / 132 SMs;
+  // comet-tune fits it from e4m3 gemm_only runs.
+  double fp8_gemm_tflops_per_sm = 7.91;
   double l0_unit_us = 0.50;          // a layer-0 comm block: fixed time per pulled unit
   double l0_store_gbps = 200.0;      // and its local stores into the gathered rows
   double l1_slice_us = 0.40;         // a layer-1 comm block: time per (256 columns x 16 slots)

@@ -35,19 +35,19 @@ struct AdaptiveSplit {
 
 // Host: the split of a fused launch of `layer` for `tokens` per rank, whose host pick is n_host, with
 // the cost model `m` of the device (`sms` SMs); `by_load` (may be null) holds the table's n_comm per
-// load class (0 where it has none).
+// load class (0 where it has none); `dtype` is layer 0's (e4m3: the fp8 rate and record bytes).
 inline AdaptiveSplit make_adaptive_split(const MoeShape& s, const Parallel& p, int layer, int tokens, const CostModel& m,
                                          int sms, int tile_n, int n_host, int32_t* chosen,
-                                         const int* by_load = nullptr) {
+                                         const int* by_load = nullptr, DType dtype = DType::bf16) {
   AdaptiveSplit a;
   a.enabled = 1;
   a.model = m;
-  a.per_row = row_work(s, p, layer);
+  a.per_row = row_work(s, p, layer, dtype);
   a.local_experts = p.local_experts(s);
   a.sms = sms;
   a.tile_n = tile_n;
   a.n_host = n_host;
-  a.n_expected = cost_best_n_comm(m, expected_work(s, p, layer, tokens, tile_n), sms, tile_n, false);
+  a.n_expected = cost_best_n_comm(m, expected_work(s, p, layer, tokens, tile_n, dtype), sms, tile_n, false);
   a.chosen = chosen;
   a.expected_rows = expected_rows(s, p, tokens);
   for (int c = 0; c < kLoadClasses; ++c) a.n_by_load[c] = by_load ? by_load[c] : 0;

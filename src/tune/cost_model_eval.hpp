@@ -15,13 +15,18 @@ COMET_HD inline double max_d(double a, double b) { return a > b ? a : b; }
 COMET_HD inline double min_d(double a, double b) { return a < b ? a : b; }
 }  // namespace cost_model_detail
 
+// Bytes of one moved row (LayerWork::row_bytes; 0 means a bf16 row of H).
+COMET_HD inline double cost_row_bytes(const LayerWork& w) { return w.row_bytes > 0 ? w.row_bytes : w.hidden * 2.0; }
+
 COMET_HD inline double cost_unit_us(const CostModel& m, const LayerWork& w) {
-  if (w.layer == 0) return m.l0_unit_us + w.rows_per_unit * w.hidden * 2.0 / (m.l0_store_gbps * 1e3);
+  if (w.layer == 0) return m.l0_unit_us + w.rows_per_unit * cost_row_bytes(w) / (m.l0_store_gbps * 1e3);
   return m.l1_slice_us * ::ceil(w.hidden / 256.0) * w.topk / 16.0;
 }
 
+// T_gemm of a tile shape against 128x256 tiles at the layer's rate. The fp8 rate is the 128-wide tile's
+// own (the one fp8 tile), so an fp8 layer's factor is 1.
 COMET_HD inline double cost_tile_factor(const CostModel& m, const LayerWork& w, int tile_n) {
-  if (tile_n == 256 || w.gemm_n <= 0) return 1.0;
+  if (tile_n == 256 || w.gemm_n <= 0 || w.fp8) return 1.0;
   const double padded = double((w.gemm_n + tile_n - 1) / tile_n * tile_n);
   const double padded256 = double((w.gemm_n + 255) / 256 * 256);
   return padded / padded256 / (tile_n == 192 ? m.tile192_efficiency : m.tile128_efficiency);
@@ -32,7 +37,8 @@ COMET_HD inline double cost_predict_ms(const CostModel& m, const LayerWork& w, i
   using namespace cost_model_detail;
   // Sequential mode (n_comm 0): the communication on every SM, then the GEMM on every SM.
   const int gemm_sms = n_comm == 0 ? sms : (sms - n_comm > 1 ? sms - n_comm : 1);
-  const double t_gemm = w.flops * cost_tile_factor(m, w, tile_n) / (m.gemm_tflops_per_sm * 1e12 * gemm_sms) * 1e3;
+  const double rate = w.fp8 ? m.fp8_gemm_tflops_per_sm : m.gemm_tflops_per_sm;
+  const double t_gemm = w.flops * cost_tile_factor(m, w, tile_n) / (rate * 1e12 * gemm_sms) * 1e3;
   double t_comm = 0;
   if (w.comm_units > 0) {
     const double t_blocks = w.comm_units * cost_unit_us(m, w) / (n_comm == 0 ? sms : n_comm) * 1e-3;
@@ -78,12 +84,13 @@ COMET_HD inline int load_class(double rows, double expected_rows) {
 COMET_HD inline int load_class_index(int load) { return load >= 8 ? 3 : load >= 4 ? 2 : load >= 2 ? 1 : 0; }
 
 // A rank's work as its plan counts it: `per_row` holds the layer's shape fields (layer, hidden, topk,
-// gemm_n) and the GEMM flops of ONE row in `flops`; rows, units and local units come from the plan.
+// gemm_n, row_bytes, fp8) and the GEMM flops of ONE row in `flops`; rows, units and local units come
+// from the plan.
 COMET_HD inline LayerWork measured_work(const LayerWork& per_row, double rows, double units, double local_units) {
   LayerWork w = per_row;
   const double remote = units - local_units;
   w.flops = per_row.flops * rows;
-  w.link_bytes = remote * per_row.hidden * 2.0;
+  w.link_bytes = remote * cost_row_bytes(per_row);
   w.comm_units = per_row.layer == 0 ? remote : units;
   w.rows_per_unit = units > 0 ? rows / units : 1.0;
   return w;

@@ -86,7 +86,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
                      request.standalone_gemm.value_or(StandaloneGemm::comet)};
     d.picked_by = "forced";
   } else {
-    const LayerWork work = expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256));
+    const LayerWork work = expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256), dtype);
     LayerRequest r = request;
     // Batch-invariant results: the table may pick a different tile per token bucket, and a tile shape
     // can change a row's rounding; the cost model's shape depends on the layer's N alone.
@@ -172,7 +172,8 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
     if (e && e->variant.tile_n == d.tile_n && e->variant.n_comm > 0)
       by_load[c] = std::min(e->variant.n_comm, d.resident_blocks - 1);
   }
-  return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load);
+  return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load,
+                             layer == 0 ? policy_.layer0_dtype : DType::bf16);
 }
 
 // The weight-gradient GEMM by shape. Measured on the H200 (bench/results/h200_bwd_wgrad_kernels_0bf5199.json,

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "comet/common.hpp"
+#include "comet/fp8.hpp"
 #include "comet/tune.hpp"
 
 namespace comet {
@@ -26,7 +27,7 @@ double expected_rows(const MoeShape& s, const Parallel& p, int tokens_per_rank) 
   return double(p.world()) * tokens_per_rank * s.topk / p.ep;
 }
 
-LayerWork row_work(const MoeShape& s, const Parallel& p, int layer) {
+LayerWork row_work(const MoeShape& s, const Parallel& p, int layer, DType dtype) {
   COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "tuner: launch layer must be 0..3, got ", layer);
   LayerWork w;
   w.layer = comm_kind(layer);
@@ -39,10 +40,15 @@ LayerWork row_work(const MoeShape& s, const Parallel& p, int layer) {
   const int k[kLaunchLayers] = {s.hidden, fs, s.hidden, n0};
   w.gemm_n = n[layer];
   w.flops = 2.0 * n[layer] * k[layer];
+  // Layer 0 in e4m3 pulls one packed record per unit and multiplies codes; every other launch moves bf16
+  // rows of H (a combined output row, a gradient row).
+  w.fp8 = layer == 0 && dtype == DType::e4m3;
+  w.row_bytes = w.fp8 ? double(fp8::record_bytes(s.hidden)) : 2.0 * s.hidden;
   return w;
 }
 
-LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n) {
+LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tokens_per_rank, int tile_n,
+                        DType dtype) {
   const double W = p.world(), T = tokens_per_rank, k = s.topk;
   // Every token of every rank sends k rows, spread evenly over the ep groups; each of the group's tp
   // ranks gets all of them (its F shard).
@@ -50,9 +56,8 @@ LayerWork expected_work(const MoeShape& s, const Parallel& p, int layer, int tok
   // A token reaches a group if one of its k distinct experts lives there.
   const double reach = 1.0 - std::pow(1.0 - 1.0 / p.ep, k);
   const double units = W * T * reach, remote_units = (W - 1) * T * reach;
-  const double H = s.hidden, Fs = p.ffn_shard(s);
-  LayerWork w = row_work(s, p, layer);
-  w.link_bytes = remote_units * H * 2;
+  LayerWork w = row_work(s, p, layer, dtype);
+  w.link_bytes = remote_units * w.row_bytes;
   w.comm_units = w.layer == 0 ? remote_units : units;
   w.rows_per_unit = units > 0 ? rows / units : 1;
   w.flops *= rows;  // row_work's flops are one row's

@@ -90,6 +90,7 @@ TuneTable TuneTable::load(const std::string& path) {
       c.overlap_penalty = m.value("overlap_penalty", c.overlap_penalty);
       c.tile128_efficiency = m.value("tile128_efficiency", c.tile128_efficiency);
       c.tile192_efficiency = m.value("tile192_efficiency", c.tile192_efficiency);
+      c.fp8_gemm_tflops_per_sm = m.value("fp8_gemm_tflops_per_sm", c.fp8_gemm_tflops_per_sm);
       t.models_[item.key()] = c;
     }
   } catch (const std::exception& e) {
@@ -116,7 +117,8 @@ void TuneTable::save(const std::string& path) const {
                             {"link_gbps", m.link_gbps},
                             {"overlap_penalty", m.overlap_penalty},
                             {"tile128_efficiency", m.tile128_efficiency},
-                            {"tile192_efficiency", m.tile192_efficiency}};
+                            {"tile192_efficiency", m.tile192_efficiency},
+                            {"fp8_gemm_tflops_per_sm", m.fp8_gemm_tflops_per_sm}};
   }
   const std::filesystem::path p(path);
   if (p.has_parent_path()) std::filesystem::create_directories(p.parent_path());

@@ -260,6 +260,27 @@ TEST(LaunchPlanner, Fp8Layer0HasItsTileAndKeys) {
   EXPECT_EQ(l1.n_comm, 3);
 }
 
+// The cost model sees an fp8 layer 0 as fp8 work (its rate, its records), on the host and in the
+// adaptive split the kernel evaluates; layer 1's split stays bf16's.
+TEST(LaunchPlanner, Fp8Layer0IsCostedAsFp8) {
+  const LaunchPlanner p = fp8_planner();
+  const PlannedLaunch& l0 = p.plan(0, LayerMode::fused, 4096, LayerRequest{});
+  ASSERT_TRUE(l0.decision.adaptive);
+  EXPECT_TRUE(l0.adapt.per_row.fp8);
+  EXPECT_DOUBLE_EQ(l0.adapt.per_row.row_bytes, 4224.0);
+  const CostModel m = p.model();
+  const LayerWork expected = expected_work(kMixtral, Parallel{8, 1}, 0, 4096, 128, DType::e4m3);
+  EXPECT_EQ(l0.decision.n_comm, std::min(m.best_n_comm(expected, 132, 128), 131));
+  const PlannedLaunch& l1 = p.plan(1, LayerMode::fused, 4096, tile(256));
+  ASSERT_TRUE(l1.decision.adaptive);
+  EXPECT_FALSE(l1.adapt.per_row.fp8);
+  EXPECT_DOUBLE_EQ(l1.adapt.per_row.row_bytes, 8192.0);
+  const PlannedLaunch& bf16_l0 = planner(Parallel{8, 1}).plan(0, LayerMode::fused, 4096, tile(128));
+  ASSERT_TRUE(bf16_l0.decision.adaptive);
+  EXPECT_FALSE(bf16_l0.adapt.per_row.fp8);
+  EXPECT_DOUBLE_EQ(bf16_l0.adapt.per_row.row_bytes, 8192.0);
+}
+
 }  // namespace
 
 // The weight-gradient GEMM rule against the H200 cases it was read from (launch_planner.cpp): W = 8,

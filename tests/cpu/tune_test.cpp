@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "comet/fp8.hpp"
 #include "comet/tune.hpp"
 
 using namespace comet;
@@ -60,6 +61,7 @@ TEST(TuneTable, SavesAndLoadsEntriesAndModels) {
   m.l1_slice_us = 0.9;
   m.link_gbps = 47;
   m.overlap_penalty = 0.25;
+  m.fp8_gemm_tflops_per_sm = 9.5;
   t.set_model("NVIDIA H200", Link::host, m);
   t.save(path);
   const TuneTable u = TuneTable::load(path);
@@ -77,7 +79,19 @@ TEST(TuneTable, SavesAndLoadsEntriesAndModels) {
   EXPECT_DOUBLE_EQ(v.l1_slice_us, 0.9);
   EXPECT_DOUBLE_EQ(v.link_gbps, 47);
   EXPECT_DOUBLE_EQ(v.overlap_penalty, 0.25);
+  EXPECT_DOUBLE_EQ(v.fp8_gemm_tflops_per_sm, 9.5);
   EXPECT_DOUBLE_EQ(u.model("other", Link::host).l0_unit_us, CostModel::defaults(Link::host).l0_unit_us);
+  std::filesystem::remove(path);
+}
+
+// A table written before the model had an fp8 rate (the shipped one) loads with the default rate.
+TEST(TuneTable, ModelWithoutAnFp8RateTakesTheDefault) {
+  const std::string path = temp_path("no_fp8_rate.json");
+  std::ofstream(path) << R"({"version": 1, "entries": {}, "models": {"NVIDIA H200|host": {"gemm_tflops_per_sm": 5.0,
+      "l0_unit_us": 0.4, "l0_store_gbps": 180, "l1_slice_us": 0.3, "link_gbps": 50}}})";
+  const CostModel m = TuneTable::load(path).model("NVIDIA H200", Link::host);
+  EXPECT_DOUBLE_EQ(m.gemm_tflops_per_sm, 5.0);
+  EXPECT_DOUBLE_EQ(m.fp8_gemm_tflops_per_sm, CostModel{}.fp8_gemm_tflops_per_sm);
   std::filesystem::remove(path);
 }
 
@@ -176,6 +190,42 @@ TEST(ExpectedWork, FollowsTheLayout) {
   EXPECT_GT(tp.link_bytes, 3 * ep.link_bytes);
   EXPECT_GT(expected_work(s, Parallel{8, 1}, 1, 4096, 256).comm_units, ep.comm_units);  // layer 1: local ones too
   EXPECT_NEAR(tp.rows_per_unit, 2.0, 1e-9);  // TP: each token's 2 slots both land here
+}
+
+// Layer 0 in e4m3 moves one packed record per unit (codes, 1 x 128 scales, padding: 4224 bytes at H 4096
+// against 8192 in bf16) and runs at the fp8 rate, with no tile penalty on its one 128-wide tile; the
+// other launches are bf16 whatever layer 0's dtype.
+TEST(ExpectedWork, E4m3LayerZeroMovesRecordsAtTheFp8Rate) {
+  const MoeShape s{4096, 14336, 8, 2, Activation::swiglu};
+  const Parallel ep8{8, 1};
+  const LayerWork bf = expected_work(s, ep8, 0, 4096, 256);
+  const LayerWork f8 = expected_work(s, ep8, 0, 4096, 128, DType::e4m3);
+  EXPECT_FALSE(bf.fp8);
+  EXPECT_TRUE(f8.fp8);
+  EXPECT_DOUBLE_EQ(bf.row_bytes, 8192.0);
+  EXPECT_DOUBLE_EQ(f8.row_bytes, double(fp8::record_bytes(4096)));
+  EXPECT_DOUBLE_EQ(f8.row_bytes, 4224.0);
+  EXPECT_NEAR(f8.link_bytes / bf.link_bytes, 4224.0 / 8192.0, 1e-12);
+  EXPECT_DOUBLE_EQ(f8.flops, bf.flops);
+  EXPECT_DOUBLE_EQ(f8.comm_units, bf.comm_units);
+  const LayerWork l1 = expected_work(s, ep8, 1, 4096, 256, DType::e4m3);
+  EXPECT_FALSE(l1.fp8);
+  EXPECT_DOUBLE_EQ(l1.row_bytes, 8192.0);
+  EXPECT_DOUBLE_EQ(l1.link_bytes, expected_work(s, ep8, 1, 4096, 256).link_bytes);
+
+  const CostModel m = CostModel::defaults(Link::host);
+  EXPECT_DOUBLE_EQ(m.tile_factor(f8, 128), 1.0);
+  // Sequential mode with nothing to move is the GEMM alone: the two rates' ratio.
+  LayerWork gemm_bf = bf, gemm_f8 = f8;
+  gemm_bf.comm_units = gemm_f8.comm_units = 0;
+  EXPECT_NEAR(m.predict_ms(gemm_f8, 0, 132, 128) / m.predict_ms(gemm_bf, 0, 132, 256),
+              m.gemm_tflops_per_sm / m.fp8_gemm_tflops_per_sm, 1e-12);
+  // A comm block's unit stores the record, not a bf16 row.
+  EXPECT_NEAR(m.unit_us(bf) - m.unit_us(f8), bf.rows_per_unit * (8192.0 - 4224.0) / (m.l0_store_gbps * 1e3), 1e-12);
+  // A hand-filled LayerWork (row_bytes 0) reads as bf16 rows of H.
+  LayerWork hand = bf;
+  hand.row_bytes = 0;
+  EXPECT_DOUBLE_EQ(m.unit_us(hand), m.unit_us(bf));
 }
 
 TEST(PickVariant, TableFirstThenCostModel) {

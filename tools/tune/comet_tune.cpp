@@ -137,11 +137,12 @@ TuneKey key_of(const json& r, int sms) {
 LayerWork work_of(const json& r, bool measured = false) {
   const bench::Model& m = bench::find_model(r.value("model", ""));
   const Parallel par{r.value("ep", 8), r.value("tp", 1)};
-  LayerWork w = expected_work(m.shape, par, launch_of(r), r.value("tokens_per_rank", 0), 256);
+  const DType dtype = r.value("dtype", "bf16") == "e4m3" ? DType::e4m3 : DType::bf16;
+  LayerWork w = expected_work(m.shape, par, launch_of(r), r.value("tokens_per_rank", 0), 256, dtype);
   if (measured && r.contains("rows") && r.contains("link_rows")) {
     const double remote = r.value("link_rows", 0), W = par.world();
     const double units = remote * W / std::max(1.0, W - 1);
-    w = measured_work(row_work(m.shape, par, launch_of(r)), r.value("rows", 0), units, units - remote);
+    w = measured_work(row_work(m.shape, par, launch_of(r), dtype), r.value("rows", 0), units, units - remote);
   }
   return w;
 }
@@ -185,7 +186,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
   };
   std::map<std::string, Best> best;
   std::map<std::string, std::map<std::pair<int, int>, Best>> points;  // key -> (tile_n, n_comm) -> time
-  std::map<std::string, std::vector<double>> gemm_rate, link;  // by gpu|link
+  std::map<std::string, std::vector<double>> gemm_rate, fp8_rate, link;  // by gpu|link
   std::map<std::string, std::vector<json>> comm_runs;
   // The standalone GEMMs' runs (comet-bench --standalone-gemms: modes gemm_<name>) by key.
   std::map<std::string, std::map<StandaloneGemm, double>> standalone;
@@ -221,14 +222,18 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     }
     const std::string model_key = gpu + '|' + lk;
     const int tile_n = r.value("tile_n", 256);
-    if (mode == "gemm_only" && layer == "l0")  // --tile-runs records are all of this kind
+    // --tile-runs records are all of this kind; the tile shapes' rates are bf16's (e4m3 has one tile).
+    if (mode == "gemm_only" && layer == "l0" && r.value("dtype", "bf16") == "bf16")
       gemm_by_tile[model_key][r.value("model", "") + '|' + r.value("layout", "") + '|' +
                               std::to_string(r.value("tokens_per_rank", 0))][tile_n] = r;
     if (r.value("tile_run_only", false)) continue;  // --tile-runs: the tile-shape fit only
     // The cost model is calibrated on the forward's layers (the backward's launches get table entries
-    // from their sweeps, and the model's rates where they have none), and on bf16 runs only (the model
-    // has one GEMM rate, bf16's; e4m3 sweeps give table entries).
+    // from their sweeps, and the model's rates where they have none), and on bf16 runs, except for its
+    // fp8 GEMM rate, which layer 0's e4m3 gemm_only runs give (e4m3 sweeps also give table entries).
     const bool calibrates = launch_of(r) < 2 && r.value("dtype", "bf16") == "bf16";
+    if (layer == "l0" && r.value("dtype", "bf16") == "e4m3" && mode == "gemm_only" && r.contains("tflops") &&
+        r["tflops"].is_number())
+      fp8_rate[model_key].push_back(r["tflops"].get<double>() / sms);
     if (calibrates && mode == "gemm_only" && tile_n == 256 && r.contains("tflops") && r["tflops"].is_number())
       gemm_rate[model_key].push_back(r["tflops"].get<double>() / sms);
     if (calibrates && mode == "comm_only" && r.contains("gb_s") && r["gb_s"].is_number()) {
@@ -289,17 +294,19 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     const Link lk = parse_link(mk.substr(mk.rfind('|') + 1));
     CostModel c = CostModel::defaults(lk);
     c.gemm_tflops_per_sm = median(rates);
+    if (!fp8_rate[mk].empty()) c.fp8_gemm_tflops_per_sm = median(fp8_rate[mk]);
     if (!link[mk].empty()) c.link_gbps = *std::max_element(link[mk].begin(), link[mk].end());
     fit_comm(comm_runs[mk], c);
     std::vector<double>&e128 = tile_eff[mk][128], &e192 = tile_eff[mk][192];
     if (!e128.empty()) c.tile128_efficiency = median(e128);
     if (!e192.empty()) c.tile192_efficiency = median(e192);
     table.set_model(gpu, lk, c);
-    std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM; comm block: layer 0 %.2f us per unit + stores at %.0f "
-                "GB/s, layer 1 %.3f us per slice batch; link %.1f GB/s; 128x128 tiles at %.2f of the rate (%zu "
-                "cases), 128x192 at %.2f (%zu)\n",
-                mk.c_str(), c.gemm_tflops_per_sm, c.l0_unit_us, c.l0_store_gbps, c.l1_slice_us, c.link_gbps,
-                c.tile128_efficiency, e128.size(), c.tile192_efficiency, e192.size());
+    std::printf("  cost model %s: GEMM %.2f TFLOP/s per SM (e4m3 %.2f, %zu runs); comm block: layer 0 %.2f us "
+                "per unit + stores at %.0f GB/s, layer 1 %.3f us per slice batch; link %.1f GB/s; 128x128 tiles at "
+                "%.2f of the rate (%zu cases), 128x192 at %.2f (%zu)\n",
+                mk.c_str(), c.gemm_tflops_per_sm, c.fp8_gemm_tflops_per_sm, fp8_rate[mk].size(), c.l0_unit_us,
+                c.l0_store_gbps, c.l1_slice_us, c.link_gbps, c.tile128_efficiency, e128.size(), c.tile192_efficiency,
+                e192.size());
   }
 }
 

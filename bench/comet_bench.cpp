@@ -126,6 +126,7 @@ int run_sweep(int argc, char** argv) {
     }
     COMET_CUDA_CHECK(cudaSetDevice(0));
     info.gpu = gpu_name();
+    COMET_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, 0));
     size_t free_bytes = 0, total_bytes = 0;
     COMET_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
     if (device_limit <= 0) device_limit = double(free_bytes) - 6.0 * (1ull << 30);

@@ -382,7 +382,8 @@ int run_rank(const IpcOptions& o, int rank) {
   }
   COMET_CUDA_CHECK(cudaStreamDestroy(stream));
   if (rank == 0) {
-    const RunInfo info{gpu_name(device), o.commit};
+    RunInfo info{gpu_name(device), o.commit};
+    COMET_CUDA_CHECK(cudaDeviceGetAttribute(&info.sms, cudaDevAttrMultiProcessorCount, device));
     write_results(o.out, records, info);
     std::string md = o.out;
     const size_t dot = md.rfind(".json");

@@ -90,6 +90,7 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     o.number("median_ms", r.median_ms);
     o.raw("tflops", r.tflops ? num(*r.tflops) : "null");
     o.str("gpu", info.gpu);
+    if (info.sms > 0) o.integer("sms", info.sms);
     o.str("commit", info.commit);
     if (r.system == "comet") {
       o.raw("n_comm", r.n_comm ? std::to_string(*r.n_comm) : "null");

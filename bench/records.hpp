@@ -60,6 +60,7 @@ struct Record {
 struct RunInfo {
   std::string gpu;
   std::string commit;
+  int sms = 0;  // the GPU's SM count (the tuner's keys carry it); 0: unknown, not written
 };
 
 std::string to_json(const std::vector<Record>& records, const RunInfo& info);

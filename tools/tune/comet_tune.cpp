@@ -9,8 +9,11 @@
 //       entries of their load class (TuneKey::load), which the fused kernels look up from the plan
 //       (MoeOptions::adaptive_split, on by default). --layers l0,l1,l2,l3 (the default) also sweeps the
 //       backward's two fused launches (2: backward of layer 1, 3: of layer 0), which get keys of their own
-//   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...]
-//       the same from benchmark results already measured (any machine); --tile-runs files only feed
+//   comet-tune --from-results a.json [b.json ...] [--tile-runs c.json ...] [--transport cuda_ipc]
+//       the same from benchmark results already measured (any machine): comet-bench's, or comet-bench-ipc's
+//       on your own GPUs (one process per rank, the real link: its "nvlink" records key the device link
+//       an IpcTeam has; --transport picks which of its transports' rows count, default cuda_ipc, the
+//       peer-pointer kernels a layer runs by default); --tile-runs files only feed
 //       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs;
 //       --entries-only keeps the table's cost models (a partial sweep updates its keys' picks only)
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work] [--sequential-margin X]
@@ -64,7 +67,8 @@ struct Args {
   // sweep fills the entries of the hot rank's load class (none under TP, whose ranks all get every row).
   std::string routings = "uniform,zipf1.2";
   std::string layers = "l0,l1,l2,l3";  // the launches swept: the forward's layers and the backward's
-  int sms = 0;  // 0: from the records' GPU (132 for an H200)
+  int sms = 0;  // 0: from the records ("sms"; 132 where they have none)
+  std::string transport = "cuda_ipc";  // --from-results: comet-bench-ipc records of this transport only
   bool lookup_overhead = false;
   bool measured_work = false;  // --evaluate: the cost model sees each record's measured rows
   bool dump_work = false;      // --evaluate: also print each case's measured work and sweep as JSON
@@ -96,9 +100,18 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int sms_of(const std::string& gpu, int forced) {
+// A record's SM count: --sms, else the one the benchmark wrote ("sms"), else 132 (H100 SXM, H200:
+// records written before the benchmark kept the count).
+int sms_of(const json& r, int forced) {
   if (forced > 0) return forced;
-  return gpu.find("H100") != std::string::npos || gpu.find("H200") != std::string::npos ? 132 : 132;
+  return r.contains("sms") && r["sms"].is_number_integer() ? r["sms"].get<int>() : 132;
+}
+
+// The link a record's key has: the team's. comet-bench-ipc with one GPU per rank writes "nvlink" (its
+// IpcTeam's buffers are device memory, so the layer keys them as the device link), on one GPU "device".
+Link link_of(const json& r) {
+  const std::string l = r.value("link", "host");
+  return l == "nvlink" ? Link::device : parse_link(l);
 }
 
 // A record's launch id (comet/tune.hpp: "l0".."l3"), -1 for the whole-layer records (fwd, bwd, ...).
@@ -120,7 +133,7 @@ TuneKey key_of(const json& r, int sms) {
   k.world = r.value("world", 8);
   k.ep = r.value("ep", 8);
   k.tp = r.value("tp", 1);
-  k.link = parse_link(r.value("link", "host"));
+  k.link = link_of(r);
   k.tokens_bucket = tokens_bucket(r.value("tokens_per_rank", 0));
   // Layer 0's inputs (comet-bench --dtype): e4m3 entries are keys of their own; layer 1 is bf16 either way.
   if (k.layer == 0) k.dtype = r.value("dtype", "bf16");
@@ -201,17 +214,20 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     if (r.value("system", "") != "comet") continue;
     const std::string layer = r.value("layer", "");
     if (launch_of(r) < 0) continue;
-    const std::string gpu = r.value("gpu", "?"), lk = r.value("link", "host");
+    // comet-bench-ipc's records name the way the ranks reached each other; the table has one row per
+    // key for the peer-pointer kernels, which --transport names (records without one: comet-bench's).
+    if (r.contains("transport") && r.value("transport", "") != a.transport) continue;
+    const std::string gpu = r.value("gpu", "?"), lk = to_string(link_of(r));
     if (r.value("routing", "") != "uniform") {
       // A skewed sweep gives the entries of its load class (> 1: what the device looks up); class 1
       // and the calibration (which assumes uniform routing) stay with the uniform sweeps.
       if (r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
-      const TuneKey k = key_of(r, sms_of(gpu, a.sms));
+      const TuneKey k = key_of(r, sms_of(r, a.sms));
       if (k.load > 1) add_point(k, r);
       continue;
     }
     const std::string mode = r.value("mode", "");
-    const int sms = sms_of(gpu, a.sms);
+    const int sms = sms_of(r, a.sms);
     if (mode.rfind("gemm_", 0) == 0 && mode != "gemm_only") {
       if (const auto g = standalone_gemm_named(mode.substr(5))) {
         TuneKey k = key_of(r, sms);
@@ -320,6 +336,7 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
   std::map<std::string, Case> cases;
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
+    if (r.contains("transport") && r.value("transport", "") != a.transport) continue;
     // Each tile's n_comm sweep is a case of its own (the pick is made for that tile), e4m3 ones too.
     const int tile = r.value("tile_n", 256);
     const std::string layer = r.value("layer", "");
@@ -340,7 +357,7 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
   for (const auto& [id, c] : cases) {
     // What a launch with the adaptive split runs: the table's entry for the batch's load class if it
     // has one; else the host's pick for class 1 (table, else cost model).
-    TuneKey key = key_of(c.first, sms_of(c.first.value("gpu", ""), a.sms));
+    TuneKey key = key_of(c.first, sms_of(c.first, a.sms));
     const TuneEntry* by_load = key.load > 1 ? table.find(key) : nullptr;
     key.load = 1;
     LayerRequest at_tile;
@@ -455,6 +472,7 @@ int main(int argc, char** argv) {
     else if (s == "--routings") a.routings = value();
     else if (s == "--layers") a.layers = value();
     else if (s == "--sms") a.sms = std::atoi(value().c_str());
+    else if (s == "--transport") a.transport = value();
     else if (s == "--lookup-overhead") a.lookup_overhead = true;
     else if (s == "--what-if-link") a.what_if_gbps = std::atof(value().c_str());
     else if (s == "--latency-scale") a.latency_scale = std::atof(value().c_str());
@@ -465,7 +483,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
-                           " | --from-results JSON... [--tile-runs JSON...] [--entries-only]) [--table PATH]"
+                           " | --from-results JSON... [--tile-runs JSON...] [--entries-only] [--transport T]) [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
                            " | --lookup-overhead | --where\n");

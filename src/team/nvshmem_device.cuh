@@ -25,3 +25,16 @@
 #undef NVSHMEM_GPUNETIO_SUPPORT
 #include <nvshmem.h>
 #include <nvshmemx.h>
+// The module globals that the host library's nvshmemx_culibrary_init looks up by name (its
+// cumodule_init): the version first, then the device state, then, where the host library was built
+// with IBGDA, the IBGDA state. In this non-RDC build NVSHMEM 3.4.5's headers give the state only
+// (static __constant__, unmangled in the PTX), so that lookup failed on the H100 ("named symbol not
+// found", docs/nvshmem.md); the other two are defined here the same way, once per translation unit.
+// The IBGDA state stays zero (IBGDA is off, above) and is bytes of its size: its header needs
+// rdma-core's mlx5dv.h, and NVSHMEM 3.4.5 asserts sizeof(nvshmemi_ibgda_device_state_v1) == 8384.
+inline constexpr int kNvshmemIbgdaStateBytes = 8384;
+extern "C" {
+static __constant__ __attribute__((used)) nvshmemi_version_t nvshmemi_device_lib_version_d = {
+    NVSHMEM_VENDOR_MAJOR_VERSION, NVSHMEM_VENDOR_MINOR_VERSION, NVSHMEM_VENDOR_PATCH_VERSION};
+alignas(16) static __constant__ __attribute__((used)) unsigned char nvshmemi_ibgda_device_state_d[kNvshmemIbgdaStateBytes];
+}

@@ -38,7 +38,7 @@ TuneKey LaunchPlanner::key(int layer, int tokens, int load) const {
   k.link = link_;
   k.tokens_bucket = tokens_bucket(tokens);
   k.load = load;
-  if (layer == 0) k.dtype = to_string(policy_.layer0_dtype);
+  k.dtype = to_string(launch_dtype(layer));
   return k;
 }
 
@@ -62,7 +62,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   static const char* const names[kLaunchLayers] = {"layer 0", "layer 1", "backward of layer 1", "backward of layer 0"};
   COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "launch planner: layer must be 0..3, got ", layer);
   const char* name = names[layer];
-  const DType dtype = layer == 0 ? policy_.layer0_dtype : DType::bf16;
+  const DType dtype = launch_dtype(layer);
   if (dtype == DType::e4m3) {
     COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n, dtype), "FusedMoe ", name,
                   " in fp8: tile_n must be 128, got ", request.tile_n.value_or(0));
@@ -173,7 +173,7 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
       by_load[c] = std::min(e->variant.n_comm, d.resident_blocks - 1);
   }
   return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load,
-                             layer == 0 ? policy_.layer0_dtype : DType::bf16);
+                             launch_dtype(layer));
 }
 
 // The weight-gradient GEMM by shape. Measured on the H200 (bench/results/h200_bwd_wgrad_kernels_0bf5199.json,

@@ -67,6 +67,8 @@ class LaunchPlanner {
 
  private:
   PlannedLaunch decide(int layer, LayerMode mode, int tokens, const LayerRequest& request) const;
+  // A launch's GEMM inputs: layer 0's dtype is the policy's, the other launches are bf16.
+  DType launch_dtype(int layer) const { return layer == 0 ? policy_.layer0_dtype : DType::bf16; }
   int m_group_rule(int layer, LayerMode mode, int tokens, const LaunchDecision& d) const;
   AdaptiveSplit adaptive_split(int layer, int tokens, const LaunchDecision& d) const;
 

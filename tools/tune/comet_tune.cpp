@@ -114,6 +114,13 @@ Link link_of(const json& r) {
   return l == "nvlink" ? Link::device : parse_link(l);
 }
 
+// Whether a record counts for the table: comet-bench-ipc's records name the way the ranks reached each
+// other, and the table has one row per key for the kernels --transport names; comet-bench's records
+// name none and always count.
+bool of_transport(const json& r, const Args& a) {
+  return !r.contains("transport") || r.value("transport", "") == a.transport;
+}
+
 // A record's launch id (comet/tune.hpp: "l0".."l3"), -1 for the whole-layer records (fwd, bwd, ...).
 int launch_of(const json& r) {
   const std::string l = r.value("layer", "");
@@ -214,9 +221,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     if (r.value("system", "") != "comet") continue;
     const std::string layer = r.value("layer", "");
     if (launch_of(r) < 0) continue;
-    // comet-bench-ipc's records name the way the ranks reached each other; the table has one row per
-    // key for the peer-pointer kernels, which --transport names (records without one: comet-bench's).
-    if (r.contains("transport") && r.value("transport", "") != a.transport) continue;
+    if (!of_transport(r, a)) continue;
     const std::string gpu = r.value("gpu", "?"), lk = to_string(link_of(r));
     if (r.value("routing", "") != "uniform") {
       // A skewed sweep gives the entries of its load class (> 1: what the device looks up); class 1
@@ -336,7 +341,7 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
   std::map<std::string, Case> cases;
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("mode", "") != "fused" || r.value("tuned", false)) continue;
-    if (r.contains("transport") && r.value("transport", "") != a.transport) continue;
+    if (!of_transport(r, a)) continue;
     // Each tile's n_comm sweep is a case of its own (the pick is made for that tile), e4m3 ones too.
     const int tile = r.value("tile_n", 256);
     const std::string layer = r.value("layer", "");

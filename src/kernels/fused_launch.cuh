@@ -148,7 +148,12 @@ void launch_layer1_kernel(const void* a, int k, const void* b, int experts, int 
   Layer1Params<Cfg, Transport> p{};
   p.ext = GemmExtents{rows_cap, combine.hidden, k, experts};
   p.mainloop = Cfg::make_params(a, rows_cap, k, b, combine.hidden, experts);
+  // One set of flags for both roles: the compute blocks release tile_done, the comm blocks wait on it
+  // (a combine left without it would wait on address 0: the transport test's first GPU run did).
+  COMET_REQUIRE(combine.tile_done == nullptr || combine.tile_done == tile_done,
+                "fused layer 1: the combine waits on other tile flags than the GEMM releases");
   p.combine = combine;
+  p.combine.tile_done = tile_done;
   p.y = static_cast<__nv_bfloat16*>(y);
   p.tile_done = tile_done;
   p.split = kernel_split(split, lim, Cfg::kSharedBytes);

@@ -111,8 +111,10 @@ struct CostModel {
   double unit_us(const LayerWork& w) const;
   // T_gemm of a tile shape relative to 128x256 tiles (1 for 256).
   double tile_factor(const LayerWork& w, int tile_n) const;
-  // The compiled tile shape (128, 256, and 192 in layer 0) with the smallest T_gemm; the widest among equals.
-  // Layer 1's 192-wide tile is the table's alone: its gain is the last wave's (the model has no waves).
+  // The compiled tile shape (128, 256, and 192 in layer 0) with the smallest T_gemm, where a narrower one
+  // must predict at most kNarrowTileGain of the 256-wide tile's time (as must a width replacing a table's, pick_variant):
+  // its efficiency is a median with a wide spread. Layer 1's 192-wide tile is the table's alone: its gain is
+  // the last wave's (the model has no waves).
   int best_tile_n(const LayerWork& w) const;
 
   static CostModel defaults(Link link);
@@ -124,6 +126,12 @@ struct CostModel {
   // sequential_margin faster still.
   int best_n_comm(const LayerWork& w, int sms, int tile_n = 256) const;
 };
+
+// A narrower tile than 256 is picked only where it predicts at most this fraction of the 256-wide tile's
+// T_gemm. H100, same run (bench/results/h100_unseen_gpu_device_tunedtile_7f7887f.json): Qwen2-57B TP 8's
+// layer 0 (N 640: 768 columns at 256, 640 at 128, predicted 0.96) took 1.21x as long with 128-wide tiles
+// at 16384 tokens and 1.09x at 4096; Qwen2 TP 8's (N 352, 192 predicted 0.79) was 1.21x faster at 192.
+constexpr double kNarrowTileGain = 0.9;
 
 struct TuneEntry {
   LayerVariant variant;

@@ -20,7 +20,7 @@ int CostModel::best_tile_n(const LayerWork& w) const {
     if (t == 192 && (w.layer != 0 || w.backward)) continue;  // layer 1's: measured picks only (tune.hpp)
     if (tile_factor(w, t) < tile_factor(w, best)) best = t;
   }
-  return best;
+  return tile_factor(w, best) < kNarrowTileGain * tile_factor(w, 256) ? best : 256;
 }
 
 double CostModel::predict_ms(const LayerWork& w, int n_comm, int sms, int tile_n) const {

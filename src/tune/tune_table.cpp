@@ -16,7 +16,6 @@ using nlohmann::json;
 
 // A table pick's tile width gives way to the model's when the model predicts this fraction of its time
 // or less from padding alone (pick_variant).
-constexpr double kRetileGain = 0.9;
 
 std::string model_key(const std::string& gpu, Link link) { return gpu + '|' + to_string(link); }
 
@@ -154,7 +153,7 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
     const int best = model.best_tile_n(work);
     auto padded = [&](int tile_n) { return (work.gemm_n + tile_n - 1) / tile_n * tile_n; };
     if (!request.tile_n && padded(best) < padded(t.variant.tile_n) &&
-        model.tile_factor(work, best) < kRetileGain * model.tile_factor(work, t.variant.tile_n)) {
+        model.tile_factor(work, best) < kNarrowTileGain * model.tile_factor(work, t.variant.tile_n)) {
       t.variant.tile_n = best;
       t.picked_by = "table+tile";
     }

@@ -111,10 +111,10 @@ struct CostModel {
   double unit_us(const LayerWork& w) const;
   // T_gemm of a tile shape relative to 128x256 tiles (1 for 256).
   double tile_factor(const LayerWork& w, int tile_n) const;
-  // The compiled tile shape (128, 256, and 192 in layer 0) with the smallest T_gemm, where a narrower one
-  // must predict at most kNarrowTileGain of the 256-wide tile's time (as must a width replacing a table's, pick_variant):
-  // its efficiency is a median with a wide spread. Layer 1's 192-wide tile is the table's alone: its gain is
-  // the last wave's (the model has no waves).
+  // The compiled tile shape (128, 256, and 192 in layer 0) with the smallest T_gemm; a narrower one only
+  // where it predicts at most kNarrowTileGain of the 256-wide tile's time (its efficiency is a median with
+  // a wide spread), the rule a width replacing a table's follows too (pick_variant). Layer 1's 192-wide
+  // tile is the table's alone: its gain is the last wave's (the model has no waves).
   int best_tile_n(const LayerWork& w) const;
 
   static CostModel defaults(Link link);

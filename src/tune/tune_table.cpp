@@ -14,9 +14,6 @@ namespace {
 
 using nlohmann::json;
 
-// A table pick's tile width gives way to the model's when the model predicts this fraction of its time
-// or less from padding alone (pick_variant).
-
 std::string model_key(const std::string& gpu, Link link) { return gpu + '|' + to_string(link); }
 
 json to_json(const LayerVariant& v) {

@@ -51,6 +51,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --dtype T                layer 0's GEMM inputs, bf16 or e4m3 (fp8 tokens and W0 with block scales;
                            cublas / sequential then run cuBLASLt's block-scaled fp8; needs --tile-n 128
                            and no chunked system)                        (default: bf16)
+  --m-group N              M-tiles per group in the forced launches' tile order (the sweeps, gemm_only,
+                           comm_only; not the tuned runs)                 (default: the planner's rule)
   --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
                            (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
@@ -175,6 +177,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.dtype = value();
     } else if (a == "--tuned-tile") {
       o.tuned_tile = true;
+    } else if (a == "--m-group") {
+      o.m_group = to_int(value(), a);
     } else if (a == "--tile-n") {
       o.tile_n = to_int(value(), a);
     } else if (a == "--reps") {
@@ -223,6 +227,7 @@ BenchOptions parse_options(int argc, char** argv) {
   COMET_REQUIRE(o.dtype == "bf16" || (o.tile_n == 128 && !o.has_system("chunked") && !o.has_backward()),
                 "--dtype e4m3 needs --tile-n 128 (the fp8 kernel's one tile), --systems without chunked and a "
                 "forward only (no l2, l3, bwd)");
+  COMET_REQUIRE(o.m_group >= 0 && o.m_group <= 1024, "--m-group must be in [0, 1024]");
   COMET_REQUIRE(o.reps >= 1 && o.warmup >= 0, "--reps must be >= 1 and --warmup >= 0");
   COMET_REQUIRE(o.chunk_comm_blocks >= 1, "--chunk-comm-blocks must be >= 1");
   std::sort(o.tokens.begin(), o.tokens.end());

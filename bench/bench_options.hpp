@@ -24,6 +24,7 @@ struct BenchOptions {
   WeightGradKernel wgrad_kernel = WeightGradKernel::automatic;  // BackwardOptions::weight_grad_kernel of comet's backward
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
+  int m_group = 0;  // --m-group: forced launches' M-tile group (0: the planner's rule)
   std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)
   bool tuned_tile = false;  // tuned records: the tuner picks the width as well
   int reps = 10;

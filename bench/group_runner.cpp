@@ -13,8 +13,17 @@
 namespace comet::bench {
 namespace {
 
-// A forced launch (m_group: the planner's rule), and one whose n_comm the tuner picks for a given tile.
-LayerRequest variant(int tile_n, int n_comm) { return LayerRequest::forced(tile_n, n_comm); }
+// --m-group: the M-tile group of every forced launch (0: the planner's rule). Set once per run, from the
+// options, before any launch.
+int forced_m_group = 0;
+
+// A forced launch (m_group: the planner's rule or --m-group), and one whose n_comm the tuner picks for a
+// given tile.
+LayerRequest variant(int tile_n, int n_comm) {
+  LayerRequest r = LayerRequest::forced(tile_n, n_comm);
+  if (forced_m_group > 0) r.m_group = forced_m_group;
+  return r;
+}
 // The tuner's pick, at a given tile width (0: the width the tuner picks too).
 LayerRequest tuned(int tile_n) {
   LayerRequest r;
@@ -45,6 +54,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   const int n0 = is_gated(s.act) ? 2 * fs : fs;
   team_ = std::make_unique<LocalTeam>(W, link);
   MoeOptions mo;
+  forced_m_group = o_.m_group;
   mo.layer0 = variant(o_.tile_n, 2);
   mo.layer1 = variant(o_.tile_n, 4);
   mo.adaptive_split = o_.adaptive;

@@ -13,17 +13,6 @@
 namespace comet::bench {
 namespace {
 
-// --m-group: the M-tile group of every forced launch (0: the planner's rule). Set once per run, from the
-// options, before any launch.
-int forced_m_group = 0;
-
-// A forced launch (m_group: the planner's rule or --m-group), and one whose n_comm the tuner picks for a
-// given tile.
-LayerRequest variant(int tile_n, int n_comm) {
-  LayerRequest r = LayerRequest::forced(tile_n, n_comm);
-  if (forced_m_group > 0) r.m_group = forced_m_group;
-  return r;
-}
 // The tuner's pick, at a given tile width (0: the width the tuner picks too).
 LayerRequest tuned(int tile_n) {
   LayerRequest r;
@@ -54,7 +43,6 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   const int n0 = is_gated(s.act) ? 2 * fs : fs;
   team_ = std::make_unique<LocalTeam>(W, link);
   MoeOptions mo;
-  forced_m_group = o_.m_group;
   mo.layer0 = variant(o_.tile_n, 2);
   mo.layer1 = variant(o_.tile_n, 4);
   mo.adaptive_split = o_.adaptive;
@@ -114,6 +102,12 @@ GroupRunner::~GroupRunner() {
     team_->synchronize();
   } catch (...) {
   }
+}
+
+LayerRequest GroupRunner::variant(int tile_n, int n_comm) const {
+  LayerRequest r = LayerRequest::forced(tile_n, n_comm);
+  if (o_.m_group > 0) r.m_group = o_.m_group;
+  return r;
 }
 
 void GroupRunner::recover() {
@@ -352,7 +346,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         }
       };
       auto run = [&](LayerMode mode, int n) {
-        return [launch, mode, tn, n] { launch(mode, variant(tn, n)); };
+        return [this, launch, mode, tn, n] { launch(mode, variant(tn, n)); };
       };
       const Timing gemm = time(nullptr, run(LayerMode::gemm_only, 0));
       Record g = base(in, name, "comet");

@@ -41,6 +41,8 @@ class GroupRunner {
 
  private:
   bool fp8() const { return o_.dtype == "e4m3"; }
+  // A forced launch: this tile and n_comm, m_group the planner's rule or --m-group.
+  LayerRequest variant(int tile_n, int n_comm) const;
   struct Rank {
     testing::DeviceBuffer x, ids, gates, out;
   };

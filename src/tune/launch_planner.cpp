@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "comet/common.hpp"
+#include "comet/fp8.hpp"
 #include "kernels/fused_layers.hpp"  // the compiled tile widths
 
 namespace comet {
@@ -153,7 +154,9 @@ int LaunchPlanner::m_group_rule(int layer, LayerMode mode, int tokens, const Lau
   const int gemm_k = int(row.flops / (2.0 * row.gemm_n));
   const int blocks_per_m_tile =
       pull ? ceil_div(row.gemm_n, d.tile_n) : std::min(d.n_group, ceil_div(row.gemm_n, d.tile_n));
-  const size_t a_tile_bytes = size_t(kTileM) * gemm_k * 2;
+  // A's rows as the GEMM reads them: K bf16 values, or layer 0's e4m3 records (codes and scales, comet/fp8.hpp).
+  const size_t a_row_bytes = launch_dtype(layer) == DType::e4m3 ? size_t(fp8::record_bytes(gemm_k)) : size_t(gemm_k) * 2;
+  const size_t a_tile_bytes = size_t(kTileM) * a_row_bytes;
   const int wave = ceil_div(compute_blocks, std::max(1, blocks_per_m_tile));
   const int l2_fit = int(caps_.l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));
   const bool fused_rule = mode == LayerMode::fused && (!pull || d.n_comm > 0);

@@ -177,6 +177,22 @@ TEST(LaunchPlanner, RasterisationRule) {
   EXPECT_EQ(l1.m_group, 16);
 }
 
+// The L2 rule sizes A's tiles as the GEMM reads them: an e4m3 layer 0 reads records of H codes and H / 128
+// scales (comet/fp8.hpp), about half a bf16 row, so twice as many M-tiles fit a quarter of L2.
+TEST(LaunchPlanner, RasterisationRuleSizesFp8Rows) {
+  const MoeShape deepseek{7168, 2048, 256, 8, Activation::swiglu};
+  auto plan = [&](DType dtype) {
+    const LaunchPlanner p(deepseek, Parallel{8, 1}, Link::host, h200_like(), TuneTable{},
+                          PlannerPolicy{true, false, dtype});
+    return p.plan(0, LayerMode::gemm_only, 4096, LayerRequest::forced(128, 0)).decision.m_group;
+  };
+  // 15 MB (a quarter of 60) over A tiles of 128 rows: bf16 128 x 7168 x 2 = 1.75 MB -> 8; e4m3 128 x 7392
+  // bytes (7168 codes + 56 scales) = 0.90 MB -> 16 (also the cap). A wave (132 blocks over 32 column
+  // blocks of 128) is 5 M-tiles, below both.
+  EXPECT_EQ(plan(DType::bf16), 8);
+  EXPECT_EQ(plan(DType::e4m3), 16);
+}
+
 // A combine layer's GEMM without comm blocks beside it groups half its column blocks (a wave reads A and
 // B about equally often); with a combine in flight the column order stays the table's; a request wins.
 TEST(LaunchPlanner, ColumnGroupsOfAGemmWithoutCombine) {

@@ -4,7 +4,6 @@
 #include <algorithm>
 
 #include "comet/common.hpp"
-#include "comet/fp8.hpp"
 #include "kernels/fused_layers.hpp"  // the compiled tile widths
 
 namespace comet {
@@ -149,13 +148,14 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
 //    blocks ship column groups as they finish).
 int LaunchPlanner::m_group_rule(int layer, LayerMode mode, int tokens, const LaunchDecision& d) const {
   const int compute_blocks = d.resident_blocks - d.n_comm;
-  const LayerWork row = row_work(shape_, par_, layer);
+  const LayerWork row = row_work(shape_, par_, layer, launch_dtype(layer));
   const bool pull = row.layer == 0;  // the comm kind: a pull (layers 0, 2) or a combine (1, 3)
   const int gemm_k = int(row.flops / (2.0 * row.gemm_n));
   const int blocks_per_m_tile =
       pull ? ceil_div(row.gemm_n, d.tile_n) : std::min(d.n_group, ceil_div(row.gemm_n, d.tile_n));
-  // A's rows as the GEMM reads them: K bf16 values, or layer 0's e4m3 records (codes and scales, comet/fp8.hpp).
-  const size_t a_row_bytes = launch_dtype(layer) == DType::e4m3 ? size_t(fp8::record_bytes(gemm_k)) : size_t(gemm_k) * 2;
+  // A's rows as the GEMM reads them: a pull's A holds the rows it moved (bf16 rows of H, or layer 0's e4m3
+  // records: codes and scales), a combine's bf16 rows of K.
+  const size_t a_row_bytes = pull ? size_t(row.row_bytes) : size_t(gemm_k) * 2;
   const size_t a_tile_bytes = size_t(kTileM) * a_row_bytes;
   const int wave = ceil_div(compute_blocks, std::max(1, blocks_per_m_tile));
   const int l2_fit = int(caps_.l2_bytes / 4 / std::max<size_t>(1, a_tile_bytes));

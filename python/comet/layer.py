@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import weights as W
-from .ops import FusedMoE, check_fp8_layer, check_transport, quantize_weights_e4m3, stacked
+from .ops import (FusedMoE, check_fp8_layer, check_gradient_accumulation_fusion, check_transport,
+                  quantize_weights_e4m3, stacked)
 from .team import Team
 
 
@@ -81,6 +82,10 @@ class MoELayer(nn.Module):
     planner's rule by shape), "persistent", "grouped" or "grouped_cooperative"; all give the same bits.
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
     bf16: comet.FusedMoE).
+    gradient_accumulation_fusion=True (Megatron's option): the backward adds dW0 / dW1 into w0.main_grad
+    and w1.main_grad (fp32 or bf16, as Megatron's DistributedDataParallel allocates them) instead of
+    filling w0.grad / w1.grad; .grad gets Megatron's placeholder where the weight has
+    grad_added_to_main_grad, else stays None (comet.FusedMoE; eager calls).
 
     fp8 (dtype=torch.float8_e4m3fn; issue 17): layer 0's GEMM runs in e4m3 with fp32 accumulation. The
     tokens stay bf16 in and out: each rank quantises its own tokens inside the layer, once per forward,
@@ -103,7 +108,8 @@ class MoELayer(nn.Module):
                  dtype: torch.dtype = torch.bfloat16, tile_n=(None, None), n_comm=(None, None),
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: Optional[bool] = None, fused_activation_grad: bool = False,
-                 weight_grad_kernel: str = "auto", transport: str = "peer"):
+                 weight_grad_kernel: str = "auto", transport: str = "peer",
+                 gradient_accumulation_fusion: bool = False):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "
@@ -114,6 +120,7 @@ class MoELayer(nn.Module):
         if fp8:  # before a team is made: the refusal needs no GPU
             check_fp8_layer("MoELayer", training, hidden_size)
         check_transport("MoELayer", transport)
+        check_gradient_accumulation_fusion("MoELayer", gradient_accumulation_fusion, training)
         self.team = team or Team.local(1)
         device = self.team.device
         self.engine = FusedMoE(self.team, hidden_size, ffn_size, num_experts, top_k, activation,
@@ -122,7 +129,8 @@ class MoELayer(nn.Module):
                                adaptive_split=adaptive_split, batch_invariant=batch_invariant,
                                checking=checking, training=training, dtype="e4m3" if fp8 else "bf16",
                                fused_activation_grad=fused_activation_grad,
-                               weight_grad_kernel=weight_grad_kernel, transport=transport)
+                               weight_grad_kernel=weight_grad_kernel, transport=transport,
+                               gradient_accumulation_fusion=gradient_accumulation_fusion)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         self.expert_dtype, self.fp8 = dtype, fp8

@@ -154,6 +154,14 @@ class FusedMoE:
       grouped ping-pong GEMM ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in
       2 x 1 clusters ("grouped_cooperative") at 4096 rows and more with H >= 4096, else comet's
       persistent kernel ("persistent").
+    gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
+      weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
+      shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16
+      gradients, so that micro-batches accumulate in fp32 with no bf16 gradient and no add kernel in
+      between. By Megatron's protocol a weight with a ``grad_added_to_main_grad`` attribute gets it set
+      to True and a placeholder .grad (zeros if ``zero_out_wgrad``), one without gets .grad None. Eager
+      calls only: under torch.compile the traced op returns the gradients as .grad (Megatron's grad hook
+      then adds them to main_grad). The weights must be tensors (stacked, or one rank's), not lists.
     """
 
     def __init__(self, team: Team, hidden_size: int, ffn_size: int, num_experts: int, top_k: int,
@@ -163,7 +171,7 @@ class FusedMoE:
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
                  dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "auto",
-                 transport: str = "peer"):
+                 transport: str = "peer", gradient_accumulation_fusion: bool = False):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         if weight_grad_kernel not in _WEIGHT_GRAD_KERNELS:
@@ -177,6 +185,7 @@ class FusedMoE:
         if fp8:
             check_fp8_layer("comet.FusedMoE", training, hidden_size)
         check_transport("comet.FusedMoE", transport)
+        check_gradient_accumulation_fusion("comet.FusedMoE", gradient_accumulation_fusion, training)
         _lib.require_cuda("comet.FusedMoE")
         alloc = release = None
         if use_torch_allocator:
@@ -191,6 +200,7 @@ class FusedMoE:
         self.activation, self.training = activation, training
         self.fused_activation_grad = fused_activation_grad
         self.weight_grad_kernel = weight_grad_kernel
+        self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.dtype, self.fp8 = native_dtype, fp8
         self.native = _lib.C.FusedMoe(
             team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
@@ -240,6 +250,7 @@ class FusedMoE:
         else:
             x, ids, gates = list(x), list(ids), list(gates)
         gates = [g if g.dtype == torch.float32 else g.float() for g in gates]
+        params = (w0, w1)  # as given: their main_grad is what gradient_accumulation_fusion adds to
         w0, w1 = stacked(w0, "w0", self.spec.ranks), stacked(w1, "w1", self.spec.ranks)
         if w0_scale is not None:
             w0_scale = stacked(w0_scale, "w0_scale", self.spec.ranks)
@@ -254,10 +265,30 @@ class FusedMoE:
         elif torch.compiler.is_compiling():
             out = _moe_forward(x, ids, gates, w0, w1, self.handle)  # traced: the op and its fake kernel
         elif torch.is_grad_enabled():
-            out = list(_EagerMoeForward.apply(self.handle, len(x), w0, w1, *x, *ids, *gates))
+            fused_into = self._fused_into(params, w0, w1)
+            out = list(_EagerMoeForward.apply(self.handle, len(x), fused_into, w0, w1, *x, *ids, *gates))
         else:  # inference: the op's kernel without the dispatcher (~10 us of host time less)
             out = _moe_forward_cuda(x, ids, gates, w0, w1, self.handle)
         return out[0] if single else out
+
+    def _fused_into(self, params, w0, w1):
+        """The weights whose main_grad the backward adds to (gradient_accumulation_fusion, weights that
+        want a gradient), their main grads checked before the forward runs; else None."""
+        if not self.gradient_accumulation_fusion or not (w0.requires_grad or w1.requires_grad):
+            return None
+        if not all(isinstance(p, torch.Tensor) for p in params):
+            raise ValueError("comet: gradient_accumulation_fusion=True needs w0 and w1 as tensors (stacked "
+                             "[L, ...] or one rank's), not lists: their main_grad is where the gradients go")
+        main_grads_of(*params, w0, w1)
+        return params
+
+
+def check_gradient_accumulation_fusion(where: str, fusion: bool, training: bool) -> None:
+    """gradient_accumulation_fusion is a training option: refused on an inference (or fp8) layer before any
+    GPU work."""
+    if fusion and not training:
+        raise ValueError(f"{where}: gradient_accumulation_fusion=True is for training: build the layer with "
+                         f"training=True (a bf16 layer)")
 
 
 @dataclass(frozen=True)
@@ -450,11 +481,16 @@ def _moe_layer1_cuda(hidden, ids, w1, handle):
     return out
 
 
-def _backward_outputs(dout, w0, w1, top_k: int):
-    """Fresh (dx[], dgates[], dw0, dw1), contiguous, for the real and the fake kernel alike."""
+def _data_grad_outputs(dout, top_k: int):
+    """Fresh (dx[], dgates[]), contiguous."""
     dx = [d.new_empty(d.shape, dtype=torch.bfloat16) for d in dout]
     dgates = [d.new_empty((d.shape[0], top_k), dtype=torch.float32) for d in dout]
-    return dx, dgates, w0.new_empty(w0.shape), w1.new_empty(w1.shape)
+    return dx, dgates
+
+
+def _backward_outputs(dout, w0, w1, top_k: int):
+    """Fresh (dx[], dgates[], dw0, dw1), contiguous, for the real and the fake kernel alike."""
+    return (*_data_grad_outputs(dout, top_k), w0.new_empty(w0.shape), w1.new_empty(w1.shape))
 
 
 _GRAD_TYPES = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -479,21 +515,36 @@ def _aligned(d: torch.Tensor) -> torch.Tensor:
     return d if d.data_ptr() % 16 == 0 else d.clone()
 
 
-def _moe_backward_cuda(dout, w0, w1, handle):
+def _run_backward(dout, dw0, dw1, handle, accumulate: bool):
+    """The C++ backward of the layer's last forward: fresh dx[] and dgates[]; the weight gradients written
+    into dw0 / dw1 (stacked, bf16 or fp32), or added to them with accumulate."""
     layer = _native(handle)
     _check_backward(layer, dout)
     dout = [_aligned(d) for d in dout]
-    dx, dgates, dw0, dw1 = _backward_outputs(dout, w0, w1, layer.top_k)
-    stream, grad_type = _current_stream(dout[0].device), _GRAD_TYPES[w0.dtype]
+    dx, dgates = _data_grad_outputs(dout, layer.top_k)
+    stream, grad_type = _current_stream(dout[0].device), _GRAD_TYPES[dw0.dtype]
     grads = [(d.data_ptr(), a.data_ptr(), g.data_ptr(), b0, b1)
              for d, a, g, b0, b1 in zip(dout, dx, dgates, _per_rank(dw0), _per_rank(dw1))]
     fused, wgrad = layer.fused_activation_grad, layer.weight_grad_kernel
     if len(layer.ranks) == 1:
-        layer.native.backward1(layer.ranks[0], grads[0], stream, grad_type, False, fused_activation=fused,
+        layer.native.backward1(layer.ranks[0], grads[0], stream, grad_type, accumulate, fused_activation=fused,
                                weight_grad_kernel=wgrad)
     else:
-        layer.native.backward(grads, stream, grad_type, False, fused_activation=fused, weight_grad_kernel=wgrad)
+        layer.native.backward(grads, stream, grad_type, accumulate, fused_activation=fused,
+                              weight_grad_kernel=wgrad)
+    return dx, dgates
+
+
+def _moe_backward_cuda(dout, w0, w1, handle):
+    dw0, dw1 = w0.new_empty(w0.shape), w1.new_empty(w1.shape)
+    dx, dgates = _run_backward(dout, dw0, dw1, handle, accumulate=False)
     return dx, dgates, dw0, dw1
+
+
+def _moe_backward_into_main_grads(dout, main_grad0, main_grad1, handle):
+    """gradient_accumulation_fusion: the weight gradients added to the stacked main_grad views in their
+    dtype (fp32 or bf16; BackwardOptions{grad_type, accumulate=true}), no bf16 gradient in between."""
+    return _run_backward(dout, main_grad0, main_grad1, handle, accumulate=True)
 
 
 _lib_def.impl("moe_forward", _moe_forward_cuda, "CUDA")
@@ -565,6 +616,56 @@ for _op in ("comet::moe_layer0", "comet::moe_layer1"):
     torch.library.register_autograd(_op, _split_op_backward)
 
 
+# ---- gradient_accumulation_fusion (Megatron's main_grad protocol) -----------------------------------------
+_MAIN_GRAD_TYPES = (torch.float32, torch.bfloat16)
+
+
+def main_grads_of(p0, p1, w0, w1) -> tuple[torch.Tensor, torch.Tensor]:
+    """The buffers that gradient_accumulation_fusion adds the weight gradients to: p0.main_grad and
+    p1.main_grad, where p0 / p1 are the weights as the caller passed them (Megatron's DistributedDataParallel
+    gives every parameter an fp32 main_grad, or a bf16 one, of its shape) and w0 / w1 the stacked [L, ...]
+    views the kernels read. Returns the main grads as stacked views; raises, naming the weight and what is
+    wrong, before anything runs."""
+    views = []
+    for name, p, w in (("w0", p0, w0), ("w1", p1, w1)):
+        g = getattr(p, "main_grad", None)
+        if g is None:
+            raise RuntimeError(f"comet: gradient_accumulation_fusion=True adds the weight gradients into "
+                               f"{name}.main_grad, and {name} has none: give every expert weight a main_grad of "
+                               f"its shape (fp32 or bf16; Megatron's DistributedDataParallel does), or build the "
+                               f"layer with gradient_accumulation_fusion=False")
+        if not isinstance(g, torch.Tensor):
+            raise TypeError(f"comet: {name}.main_grad must be a torch.Tensor, got {type(g).__name__}")
+        if g.dtype not in _MAIN_GRAD_TYPES:
+            raise TypeError(f"comet: {name}.main_grad has dtype {g.dtype}; the weight gradients accumulate in "
+                            f"torch.float32 or torch.bfloat16")
+        if g.shape != p.shape:
+            raise ValueError(f"comet: {name}.main_grad has shape {tuple(g.shape)}, the weight {tuple(p.shape)}")
+        if g.device != w.device:
+            raise ValueError(f"comet: {name}.main_grad is on {g.device}, the weight on {w.device}")
+        if not g.is_contiguous() or g.data_ptr() % 16:
+            raise ValueError(f"comet: {name}.main_grad must be contiguous and 16-byte aligned (the kernels "
+                             f"write 16-byte row segments)")
+        views.append(g.unsqueeze(0) if g.dim() == w.dim() - 1 else g)
+    if views[0].dtype != views[1].dtype:
+        raise TypeError(f"comet: w0.main_grad is {views[0].dtype} and w1.main_grad {views[1].dtype}; both "
+                        f"weight gradients accumulate in one type")
+    return views[0], views[1]
+
+
+def grad_after_fusion(p, w) -> Optional[torch.Tensor]:
+    """What autograd gets as a fused weight's .grad (the gradient itself went into p.main_grad), by
+    Megatron's protocol: where p has grad_added_to_main_grad, that flag is set and a placeholder of w's
+    shape comes back (zeros if p.zero_out_wgrad, else uninitialised: the grad hooks that read the flag
+    discard it), so that the parameter's post-accumulate hooks still run on the backward's thread; else
+    None."""
+    if not hasattr(p, "grad_added_to_main_grad"):
+        return None
+    p.grad_added_to_main_grad = True
+    make = torch.zeros if getattr(p, "zero_out_wgrad", False) else torch.empty
+    return make(w.shape, dtype=w.dtype, device=w.device)
+
+
 _moe_forward = torch.ops.comet.moe_forward.default
 _moe_forward_fp8 = torch.ops.comet.moe_forward_fp8.default
 
@@ -574,12 +675,14 @@ class _EagerMoeForward(torch.autograd.Function):
     autograd costs about 50 us of host time per call with grad enabled (a stub op on the CPU: 59.6 us
     against 9.5 us through a Function), a tenth of a small layer's GPU time. The same kernels
     (_moe_forward_cuda, _moe_backward_cuda) and the same saved tensors as the op; torch.compile traces
-    the op. Arguments: the handle, the ranks' count, w0, w1, then x, ids and gates of every rank."""
+    the op. Arguments: the handle, the ranks' count, fused_into (None, or the weight parameters whose
+    main_grad the backward adds the weight gradients to: gradient_accumulation_fusion), w0, w1, then x,
+    ids and gates of every rank."""
 
     @staticmethod
-    def forward(ctx, handle, ranks, w0, w1, *per_rank):
+    def forward(ctx, handle, ranks, fused_into, w0, w1, *per_rank):
         x, ids, gates = per_rank[:ranks], per_rank[ranks:2 * ranks], per_rank[2 * ranks:]
-        ctx.handle, ctx.ranks = handle, ranks
+        ctx.handle, ctx.ranks, ctx.fused_into = handle, ranks, fused_into
         ctx.save_for_backward(w0, w1)
         return tuple(_moe_forward_cuda(list(x), list(ids), list(gates), w0, w1, handle))
 
@@ -587,8 +690,14 @@ class _EagerMoeForward(torch.autograd.Function):
     def backward(ctx, *dout):
         w0, w1 = ctx.saved_tensors
         dout = [d.to(torch.bfloat16).contiguous() for d in dout]
-        dx, dgates, dw0, dw1 = _moe_backward_cuda(dout, w0, w1, ctx.handle)
-        return (None, None, dw0, dw1, *dx, *([None] * ctx.ranks), *dgates)
+        if ctx.fused_into is None:
+            dx, dgates, dw0, dw1 = _moe_backward_cuda(dout, w0, w1, ctx.handle)
+        else:  # gradient_accumulation_fusion: into the parameters' main_grad, as they are now
+            p0, p1 = ctx.fused_into
+            mg0, mg1 = main_grads_of(p0, p1, w0, w1)
+            dx, dgates = _moe_backward_into_main_grads(dout, mg0, mg1, ctx.handle)
+            dw0, dw1 = grad_after_fusion(p0, w0), grad_after_fusion(p1, w1)
+        return (None, None, None, dw0, dw1, *dx, *([None] * ctx.ranks), *dgates)
 
 
 class _EagerMoeForwardFp8(torch.autograd.Function):

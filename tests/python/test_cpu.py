@@ -120,7 +120,7 @@ def test_eager_autograd_path_wires_the_same_kernels(handle, monkeypatch):
     monkeypatch.setattr(ops, "_moe_forward_cuda", forward)
     monkeypatch.setattr(ops, "_moe_backward_cuda", backward)
     xs, ids, gates, w0, w1 = _fake_layer_inputs()
-    out = ops._EagerMoeForward.apply(h, 2, w0, w1, *xs, *ids, *gates)
+    out = ops._EagerMoeForward.apply(h, 2, None, w0, w1, *xs, *ids, *gates)
     assert calls["forward"] == (2, h) and [o.shape for o in out] == [x.shape for x in xs]
     sum(o.float().sum() for o in out).backward()
     dtypes, bw0, bw1, bh = calls["backward"]
@@ -130,6 +130,87 @@ def test_eager_autograd_path_wires_the_same_kernels(handle, monkeypatch):
         assert g.grad.shape == g.shape and g.grad.dtype == torch.float32
     assert w0.grad.shape == w0.shape and w1.grad.shape == w1.shape
     assert all(i.grad is None for i in ids)
+
+
+def test_eager_autograd_path_fuses_weight_gradients_into_main_grad(handle, monkeypatch):
+    """gradient_accumulation_fusion: the eager backward hands the C++ backward the parameters' main_grad
+    (as stacked views of the same memory) to add into, not fresh gradients, and answers autograd by
+    Megatron's protocol: a placeholder .grad and grad_added_to_main_grad set where the parameter has that
+    flag, else no .grad."""
+    h = handle()
+    seen = {}
+
+    def into(dout, mg0, mg1, hd):
+        seen.update(mg0=mg0, mg1=mg1, hd=hd)
+        return ops._data_grad_outputs(dout, 2)
+
+    monkeypatch.setattr(ops, "_moe_forward_cuda", ops._moe_forward_fake)
+    monkeypatch.setattr(ops, "_moe_backward_into_main_grads", into)
+    monkeypatch.setattr(ops, "_moe_backward_cuda", lambda *a: pytest.fail("the unfused backward ran"))
+    for flags in (True, False):
+        xs, ids, gates, w0, w1 = _fake_layer_inputs()
+        for w in (w0, w1):
+            w.main_grad = torch.zeros(w.shape, dtype=torch.float32)
+            if flags:
+                w.grad_added_to_main_grad = False
+        out = ops._EagerMoeForward.apply(h, 2, (w0, w1), w0, w1, *xs, *ids, *gates)
+        sum(o.float().sum() for o in out).backward()
+        assert seen["hd"] == h
+        assert seen["mg0"].data_ptr() == w0.main_grad.data_ptr() and seen["mg0"].dtype == torch.float32
+        assert seen["mg1"].data_ptr() == w1.main_grad.data_ptr() and seen["mg1"].shape == w1.shape
+        for x, g in zip(xs, gates):
+            assert x.grad.shape == x.shape and g.grad.shape == g.shape
+        if flags:
+            assert w0.grad_added_to_main_grad and w1.grad_added_to_main_grad
+            assert w0.grad.shape == w0.shape and w1.grad.shape == w1.shape
+        else:
+            assert w0.grad is None and w1.grad is None
+
+
+def test_main_grads_are_checked_and_viewed_stacked():
+    w0 = torch.empty(2, 2, 256, 64, dtype=torch.bfloat16)
+    w1 = torch.empty(2, 64, 128, dtype=torch.bfloat16)  # one rank's, unstacked
+    s1 = stacked(w1, "w1", 1)
+    w0.main_grad = torch.zeros(w0.shape)
+    w1.main_grad = torch.zeros(w1.shape)
+    mg0, mg1 = ops.main_grads_of(w0, w1, w0, s1)
+    assert mg0.data_ptr() == w0.main_grad.data_ptr() and mg1.shape == (1, 2, 64, 128)
+    assert mg1.data_ptr() == w1.main_grad.data_ptr()
+    bad = [
+        (dict(w0=None), RuntimeError, "w0 has none"),
+        (dict(w1=torch.zeros(2, 64, 128, dtype=torch.float16)), TypeError, "w1.main_grad has dtype torch.float16"),
+        (dict(w1=torch.zeros(2, 64, 127)), ValueError, r"shape \(2, 64, 127\), the weight \(2, 64, 128\)"),
+        (dict(w1=torch.zeros(2, 128, 64).transpose(1, 2)), ValueError, "contiguous"),
+        (dict(w1=torch.zeros(2, 64, 128, dtype=torch.bfloat16)), TypeError, "accumulate in one type"),
+        (dict(w0="not a tensor"), TypeError, "must be a torch.Tensor"),
+    ]
+    for change, error, match in bad:
+        a, b = torch.empty(w0.shape, dtype=torch.bfloat16), torch.empty(w1.shape, dtype=torch.bfloat16)
+        a.main_grad, b.main_grad = torch.zeros(a.shape), torch.zeros(b.shape)
+        for name, t in (("w0", a), ("w1", b)):
+            if name in change:
+                if change[name] is None:
+                    del t.main_grad
+                else:
+                    t.main_grad = change[name]
+        with pytest.raises(error, match=match):
+            ops.main_grads_of(a, b, a, stacked(b, "w1", 1))
+
+
+def test_grad_after_fusion_follows_megatrons_flags():
+    w = torch.empty(2, 3)
+    assert ops.grad_after_fusion(w, w) is None
+    w.grad_added_to_main_grad = False
+    assert ops.grad_after_fusion(w, w).shape == (2, 3) and w.grad_added_to_main_grad is True
+    w.zero_out_wgrad = True
+    assert torch.count_nonzero(ops.grad_after_fusion(w, w)) == 0
+
+
+def test_gradient_accumulation_fusion_is_refused_without_training():
+    with pytest.raises(ValueError, match="gradient_accumulation_fusion=True is for training"):
+        comet.MoELayer(64, 128, 4, 2, training=False, gradient_accumulation_fusion=True)
+    with pytest.raises(ValueError, match="gradient_accumulation_fusion=True is for training"):
+        comet.MoELayer(128, 128, 4, 2, dtype=torch.float8_e4m3fn, gradient_accumulation_fusion=True)
 
 
 def test_split_ops_backward_names_the_trainable_path(handle):

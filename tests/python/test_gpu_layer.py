@@ -244,6 +244,104 @@ def test_grouped_weight_grad_matches_plain_pytorch_autograd(name, kw, link):
         assert_grad_matches(got.dx[r], want.dx[r], f"{name} dx rank {r}")
 
 
+# ---- gradient_accumulation_fusion (Megatron's main_grad) ----------------------------------------------------
+def backward_once(p, layer, dout):
+    """One micro-batch: forward and backward of sum_r <dout_r, out_r>; the inputs' and gates' gradients."""
+    xs = [x.clone().requires_grad_() for x in p.x]
+    gates = [g.clone().requires_grad_() for g in p.gates]
+    torch.autograd.backward(layer(xs, p.ids, gates), dout)
+    return [x.grad for x in xs], [g.grad for g in gates]
+
+
+def give_main_grads(layer, dtype, megatron_flags=True):
+    for w in (layer.w0, layer.w1):
+        w.main_grad = torch.zeros(w.shape, dtype=dtype, device=w.device)
+        if megatron_flags:
+            w.grad_added_to_main_grad = False
+
+
+@pytest.mark.parametrize("main_dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
+@pytest.mark.parametrize("name,kw,link", [GRAD_CASES[1], GRAD_CASES[3], GRAD_CASES[6]],
+                         ids=[GRAD_CASES[i][0] for i in (1, 3, 6)])
+def test_gradient_accumulation_fusion_adds_into_main_grad(name, kw, link, main_dtype):
+    """Two micro-batches into zeroed main grads: after the first, main_grad holds the unfused layer's
+    gradient (fp32: exactly its sums before their bf16 rounding, so rounded they are the unfused bits;
+    bf16: those bits), dx and dgates are the unfused bits, and Megatron's flag is set with a placeholder
+    .grad; after the second it holds the sum of both, against the plain MoE's fp32 autograd."""
+    seed = zlib.crc32(name.encode()) % 1000
+    p = make_problem(seed=seed, **kw)
+    douts = random_douts(p, seed + 1), random_douts(p, seed + 2)
+    plain = layer_for(p, link)
+    plain_dx, plain_dgates = backward_once(p, plain, douts[0])
+    fused = layer_for(p, link, gradient_accumulation_fusion=True)
+    give_main_grads(fused, main_dtype)
+    dx, dgates = backward_once(p, fused, douts[0])
+    fused.engine.synchronize()
+    for r in range(p.world):
+        assert torch.equal(dx[r], plain_dx[r]), f"{name} dx rank {r}"
+        assert torch.equal(dgates[r], plain_dgates[r]), f"{name} dgates rank {r}"
+    for which, w, unfused in (("w0", fused.w0, plain.w0.grad), ("w1", fused.w1, plain.w1.grad)):
+        assert w.main_grad.dtype == main_dtype
+        assert torch.equal(w.main_grad.to(torch.bfloat16), unfused), f"{name} {which}: first micro-batch"
+        assert w.grad_added_to_main_grad is True
+        assert w.grad is not None and w.grad.shape == w.shape  # Megatron's placeholder, never read
+    first = [w.main_grad.clone() for w in (fused.w0, fused.w1)]
+    backward_once(p, fused, douts[1])
+    fused.engine.synchronize()
+    t = fused.team
+    got0 = W.unshard_w0(list(fused.w0.main_grad.float()), gated=fused.gated, ep=t.ep, tp=t.tp)
+    got1 = W.unshard_w1(list(fused.w1.main_grad.float()), ep=t.ep, tp=t.tp)
+    want = [reference_grads(p, d) for d in douts]
+    assert_grad_matches(got0, want[0].gate_up + want[1].gate_up, f"{name} dW0 summed")
+    assert_grad_matches(got1, want[0].down + want[1].down, f"{name} dW1 summed")
+    # The second micro-batch added to the first (not overwrote it): main_grad - first is its gradient.
+    second0 = W.unshard_w0(list((fused.w0.main_grad.float() - first[0].float())), gated=fused.gated, ep=t.ep,
+                           tp=t.tp)
+    assert_grad_matches(second0, want[1].gate_up, f"{name} dW0 second micro-batch")
+
+
+def test_gradient_accumulation_fusion_without_megatron_flags_leaves_grad_none():
+    p = make_problem(ep=2, tokens=(37, 200), seed=23)
+    layer = layer_for(p, gradient_accumulation_fusion=True)
+    give_main_grads(layer, torch.float32, megatron_flags=False)
+    backward_once(p, layer, random_douts(p, 24))
+    assert layer.w0.grad is None and layer.w1.grad is None
+    assert layer.w0.main_grad.abs().sum() > 0 and layer.w1.main_grad.abs().sum() > 0
+    layer.w0.grad_added_to_main_grad = layer.w1.grad_added_to_main_grad = False
+    layer.w0.zero_out_wgrad = layer.w1.zero_out_wgrad = True
+    backward_once(p, layer, random_douts(p, 25))
+    assert torch.count_nonzero(layer.w0.grad) == 0 and torch.count_nonzero(layer.w1.grad) == 0
+
+
+def test_gradient_accumulation_fusion_refuses_bad_main_grads_before_launching():
+    """Each refusal comes at the forward, before a kernel runs: the layer then trains as if nothing
+    happened (its last forward is the good one)."""
+    p = make_problem(ep=2, tokens=(37, 200), seed=26)
+    layer = layer_for(p, gradient_accumulation_fusion=True)
+    with pytest.raises(RuntimeError, match="w0 has none"):
+        backward_once(p, layer, random_douts(p, 27))
+    give_main_grads(layer, torch.float32)
+    layer.w1.main_grad = torch.zeros(layer.w1.shape, dtype=torch.float16, device="cuda")
+    with pytest.raises(TypeError, match="w1.main_grad has dtype torch.float16"):
+        backward_once(p, layer, random_douts(p, 27))
+    layer.w1.main_grad = torch.zeros(layer.w1.shape, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(TypeError, match="both weight gradients accumulate in one type"):
+        backward_once(p, layer, random_douts(p, 27))
+    layer.w1.main_grad = torch.zeros(layer.w1.shape, dtype=torch.float32, device="cuda").transpose(-1, -2) \
+        .contiguous().transpose(-1, -2)
+    with pytest.raises(ValueError, match="contiguous"):
+        backward_once(p, layer, random_douts(p, 27))
+    give_main_grads(layer, torch.float32)
+    with torch.no_grad():  # inference needs no main_grad
+        run_and_check(p, layer, "no_grad forward")
+    dout = random_douts(p, 28)
+    backward_once(p, layer, dout)
+    layer.engine.synchronize()
+    t = layer.team
+    got = W.unshard_w1(list(layer.w1.main_grad), ep=t.ep, tp=t.tp)
+    assert_grad_matches(got, reference_grads(p, dout).down, "dW1 after the refusals")
+
+
 def test_gradients_are_bitwise_identical_across_repeats():
     p = make_problem(hidden=512, ffn=256, experts=16, topk=8, ep=4, tokens=(200, 150, 0, 99), routing="zipf",
                      seed=17)

@@ -31,8 +31,9 @@ Autograd: moe_forward's backward is moe_backward (layers built with training=Tru
 the layer's LAST whole forward, whose activations the C++ layer saved, and consumes them: run each
 forward's backward before the same layer's next forward (activation checkpointing, which recomputes
 the forward just before its backward, fits). dout is contiguous bf16 [T, H] per rank (T: that forward's);
-dgates is fp32 [T, k]; dw0 / dw1 are stacked like w0 / w1 and of their dtype. The split ops have no
-backward, nor has moe_forward_fp8 (compile an fp8 layer under torch.no_grad() or
+dgates is fp32 [T, k]; dw0 / dw1 are stacked like w0 / w1 and of their dtype (a FusedMoE built with
+gradient_accumulation_fusion=True adds them to the weights' main_grad instead, in eager calls). The
+split ops have no backward, nor has moe_forward_fp8 (compile an fp8 layer under torch.no_grad() or
 torch.inference_mode(): with an input that requires grad, AOT autograd traces the backward and meets
 the refusal at compile time).
 """

@@ -112,6 +112,34 @@ def layer_footprint(hidden_size: int, ffn_size: int, num_experts: int, top_k: in
                                   max_rows, load_factor, training)
 
 
+class _TorchAllocator:
+    """A layer's private buffers from torch's caching allocator (the extension's allocate / release
+    callbacks). torch's OutOfMemoryError is not let through the engine's C++ frames (their clean-up calls
+    release, Python, again while it unwinds; once a SystemError came out instead of it): alloc records it
+    and answers 0, which the engine refuses with its own C++ exception, and FusedMoE raises
+    out_of_memory() from that."""
+
+    release = staticmethod(torch.cuda.caching_allocator_delete)
+
+    def __init__(self, device: int):
+        self.device = device
+        self.failure: Optional[torch.OutOfMemoryError] = None  # the first allocation torch refused
+
+    def alloc(self, nbytes: int) -> int:
+        try:
+            return torch.cuda.caching_allocator_alloc(nbytes, self.device)
+        except torch.OutOfMemoryError as e:
+            self.failure = self.failure or e
+            return 0
+
+    def out_of_memory(self) -> torch.OutOfMemoryError:
+        failure, self.failure = self.failure, None  # its traceback holds frames: not kept past this
+        return torch.OutOfMemoryError(
+            f"comet.FusedMoE: torch's caching allocator could not give the layer's buffers on cuda:{self.device} "
+            f"({failure}). comet.layer_footprint gives one rank's bytes before a layer is built; max_tokens, "
+            f"max_rows or load_factor size them")
+
+
 class FusedMoE:
     """A distributed MoE layer's engine without parameters: buffers, team, tuner. Call it with the expert
     weights (see comet.weights for their layout), or use comet.MoELayer, which owns them.
@@ -188,14 +216,7 @@ class FusedMoE:
         check_transport("comet.FusedMoE", transport)
         check_gradient_accumulation_fusion("comet.FusedMoE", gradient_accumulation_fusion, training)
         _lib.require_cuda("comet.FusedMoE")
-        alloc = release = None
-        if use_torch_allocator:
-            device = team.device.index
-
-            def alloc(nbytes: int) -> int:
-                return torch.cuda.caching_allocator_alloc(nbytes, device)
-
-            release = torch.cuda.caching_allocator_delete
+        allocator = _TorchAllocator(team.device.index) if use_torch_allocator else None
         self.team = team
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.training = activation, training
@@ -203,12 +224,18 @@ class FusedMoE:
         self.weight_grad_kernel = weight_grad_kernel
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.dtype, self.fp8 = native_dtype, fp8
-        self.native = _lib.C.FusedMoe(
-            team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
-            max_rows, load_factor=load_factor, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0],
-            layer1_tile_n=tile_n[1], layer1_n_comm=n_comm[1], adaptive_split=adaptive_split, batch_invariant=batch_invariant,
-            checking=checking, training=training, tune_table=tune_table,
-            allocate=alloc, release=release, dtype=native_dtype, transport=transport)
+        try:
+            self.native = _lib.C.FusedMoe(
+                team._native, hidden_size, ffn_size, num_experts, top_k, activation, team.ep, team.tp, max_tokens,
+                max_rows, load_factor=load_factor, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0],
+                layer1_tile_n=tile_n[1], layer1_n_comm=n_comm[1], adaptive_split=adaptive_split,
+                batch_invariant=batch_invariant, checking=checking, training=training, tune_table=tune_table,
+                allocate=allocator and allocator.alloc, release=allocator and allocator.release, dtype=native_dtype,
+                transport=transport)
+        except Exception as e:
+            if allocator is None or allocator.failure is None:
+                raise
+            raise allocator.out_of_memory() from e
         # Plain attributes (not calls into the extension), so that torch.compile traces a call without a break.
         self.local_ranks = team.local_ranks
         self.local_experts = num_experts // team.ep

@@ -521,3 +521,27 @@ def test_dequantize_weights_e4m3_scales_each_128x128_block():
         W.dequantize_weights_e4m3(codes, scales[:, :1])
     with pytest.raises(ValueError, match="codes: dtype"):
         W.dequantize_weights_e4m3(codes.float(), scales)
+
+
+def test_torch_allocator_turns_a_refusal_into_a_null_and_one_clear_error(monkeypatch):
+    """torch's OutOfMemoryError is not let through the engine's C++ frames: alloc records the first one and
+    answers 0 (which the engine refuses); out_of_memory() is what FusedMoE raises, once. Other errors pass."""
+    calls = []
+
+    def refuse(nbytes, device):
+        calls.append((nbytes, device))
+        if nbytes == 7:
+            raise ValueError("not an OOM")
+        raise torch.OutOfMemoryError(f"CUDA out of memory. Tried to allocate {nbytes} bytes")
+
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", refuse)
+    a = ops._TorchAllocator(3)
+    assert a.alloc(1 << 30) == 0 and a.alloc(16) == 0 and calls == [(1 << 30, 3), (16, 3)]
+    with pytest.raises(ValueError, match="not an OOM"):
+        a.alloc(7)
+    e = a.out_of_memory()
+    assert isinstance(e, torch.OutOfMemoryError)
+    assert "cuda:3" in str(e) and f"Tried to allocate {1 << 30} bytes" in str(e) and "layer_footprint" in str(e)
+    assert a.failure is None
+    monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", lambda nbytes, device: 4096)
+    assert ops._TorchAllocator(0).alloc(64) == 4096

@@ -114,10 +114,11 @@ def layer_footprint(hidden_size: int, ffn_size: int, num_experts: int, top_k: in
 
 class _TorchAllocator:
     """A layer's private buffers from torch's caching allocator (the extension's allocate / release
-    callbacks). torch's OutOfMemoryError is not let through the engine's C++ frames (their clean-up calls
-    release, Python, again while it unwinds; once a SystemError came out instead of it): alloc records it
-    and answers 0, which the engine refuses with its own C++ exception, and FusedMoE raises
-    out_of_memory() from that."""
+    callbacks). torch's OutOfMemoryError is not let through the engine's C++ frames, whose clean-up calls
+    release (Python) again while they unwind (an overfull GPU once gave a SystemError where an
+    OutOfMemoryError was expected, cause not pinned down: docs/design-changes.md): alloc records it and
+    answers 0, which the engine refuses with its own C++ exception, and FusedMoE raises out_of_memory()
+    from that."""
 
     release = staticmethod(torch.cuda.caching_allocator_delete)
 

@@ -54,6 +54,16 @@ def route(router_logits: torch.Tensor, top_k: int, renormalize: bool = True):
     return ids, weights
 
 
+def mark_expert_parameters(params, ep: int) -> None:
+    """Megatron-core's (and DeepSpeed's) marker of expert parameters, ``param.allreduce``: False where the
+    experts are split over EP ranks (each rank holds other experts, so a data-parallel wrapper must reduce
+    their gradients over the ranks that hold the same experts: Megatron's expert-data-parallel group), True
+    without EP (TP shards of every expert: reduced like dense shards), as Megatron sets it
+    (``not (is_expert and expert_parallel)``)."""
+    for p in params:
+        p.allreduce = ep == 1
+
+
 class MoELayer(nn.Module):
     """A Mixture-of-Experts block on a comet Team.
 
@@ -82,6 +92,8 @@ class MoELayer(nn.Module):
     planner's rule by shape), "persistent", "grouped" or "grouped_cooperative"; all give the same bits.
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
     bf16: comet.FusedMoE).
+    w0 and w1 carry Megatron's expert marker, ``allreduce`` (False under EP: their gradients are reduced over
+    the expert-data-parallel ranks only; see mark_expert_parameters and README, "Inside a trainer").
     gradient_accumulation_fusion=True (Megatron's option): the backward adds dW0 / dW1 into w0.main_grad
     and w1.main_grad (fp32 or bf16, as Megatron's DistributedDataParallel allocates them) instead of
     filling w0.grad / w1.grad; .grad gets Megatron's placeholder where the weight has
@@ -148,6 +160,7 @@ class MoELayer(nn.Module):
         else:
             self.register_parameter("w0_scale", None)
         self.w1 = nn.Parameter(torch.empty(L, e.local_experts, hidden_size, e.ffn_shard, dtype=bf16, device=device))
+        mark_expert_parameters((self.w0, self.w1), self.team.ep)
         self.router = nn.Linear(hidden_size, num_experts, bias=False, dtype=bf16, device=device) if router else None
         self.shared = SharedExpert(hidden_size, shared_ffn, bf16, device) if shared_ffn > 0 else None
         self.reset_parameters()

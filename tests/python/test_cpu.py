@@ -545,3 +545,12 @@ def test_torch_allocator_turns_a_refusal_into_a_null_and_one_clear_error(monkeyp
     assert a.failure is None
     monkeypatch.setattr(torch.cuda, "caching_allocator_alloc", lambda nbytes, device: 4096)
     assert ops._TorchAllocator(0).alloc(64) == 4096
+
+
+def test_expert_parameters_carry_megatrons_allreduce_marker():
+    from comet.layer import mark_expert_parameters
+
+    for ep, want in ((8, False), (2, False), (1, True)):
+        ws = [torch.nn.Parameter(torch.empty(2)), torch.nn.Parameter(torch.empty(3))]
+        mark_expert_parameters(ws, ep)
+        assert [w.allreduce for w in ws] == [want, want]

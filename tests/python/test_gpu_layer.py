@@ -342,6 +342,12 @@ def test_gradient_accumulation_fusion_refuses_bad_main_grads_before_launching():
     assert_grad_matches(got, reference_grads(p, dout).down, "dW1 after the refusals")
 
 
+def test_expert_weights_carry_the_expert_marker():
+    for kw, want in ((dict(ep=2, tokens=(3, 4)), False), (dict(ep=1, tp=2, tokens=(3, 4)), True)):
+        layer = layer_for(make_problem(seed=30, **kw))
+        assert layer.w0.allreduce is want and layer.w1.allreduce is want
+
+
 def test_gradients_are_bitwise_identical_across_repeats():
     p = make_problem(hidden=512, ffn=256, experts=16, topk=8, ep=4, tokens=(200, 150, 0, 99), routing="zipf",
                      seed=17)

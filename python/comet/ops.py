@@ -231,8 +231,8 @@ class FusedMoE:
                 max_rows, load_factor=load_factor, layer0_tile_n=tile_n[0], layer0_n_comm=n_comm[0],
                 layer1_tile_n=tile_n[1], layer1_n_comm=n_comm[1], adaptive_split=adaptive_split,
                 batch_invariant=batch_invariant, checking=checking, training=training, tune_table=tune_table,
-                allocate=allocator and allocator.alloc, release=allocator and allocator.release, dtype=native_dtype,
-                transport=transport)
+                allocate=allocator.alloc if allocator else None, release=allocator.release if allocator else None,
+                dtype=native_dtype, transport=transport)
         except Exception as e:
             if allocator is None or allocator.failure is None:
                 raise

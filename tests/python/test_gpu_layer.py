@@ -285,7 +285,7 @@ def test_gradient_accumulation_fusion_adds_into_main_grad(name, kw, link, main_d
         assert torch.equal(w.main_grad.to(torch.bfloat16), unfused), f"{name} {which}: first micro-batch"
         assert w.grad_added_to_main_grad is True
         assert w.grad is not None and w.grad.shape == w.shape  # Megatron's placeholder, never read
-    first = [w.main_grad.clone() for w in (fused.w0, fused.w1)]
+    first0 = fused.w0.main_grad.clone()
     backward_once(p, fused, douts[1])
     fused.engine.synchronize()
     t = fused.team
@@ -295,7 +295,7 @@ def test_gradient_accumulation_fusion_adds_into_main_grad(name, kw, link, main_d
     assert_grad_matches(got0, want[0].gate_up + want[1].gate_up, f"{name} dW0 summed")
     assert_grad_matches(got1, want[0].down + want[1].down, f"{name} dW1 summed")
     # The second micro-batch added to the first (not overwrote it): main_grad - first is its gradient.
-    second0 = W.unshard_w0(list((fused.w0.main_grad.float() - first[0].float())), gated=fused.gated, ep=t.ep,
+    second0 = W.unshard_w0(list(fused.w0.main_grad.float() - first0.float()), gated=fused.gated, ep=t.ep,
                            tp=t.tp)
     assert_grad_matches(second0, want[1].gate_up, f"{name} dW0 second micro-batch")
 

@@ -250,6 +250,39 @@ class MoELayer(nn.Module):
         gate_up, down = W.fuse_linear_experts(w1, w3, w2)
         self.load_experts(gate_up, down)
 
+    def load_local_experts(self, gate_up, down) -> None:
+        """From this process's own shards, as a sharded checkpoint holds them (no rank needs the full
+        weights): gate_up [E_l, 2 F_s, H], the rank's experts' gate rows of its F columns then the matching
+        up rows ([E_l, F_s, H] ungated), and down [E_l, H, F_s]; one rank's, or stacked [L, ...] (lists) for
+        a local team. comet.weights.local_w0 gives the kernels' layout; an fp8 layer quantises w0 on the GPU
+        as load_experts does. local_experts() gives them back."""
+        L = self.w0.shape[0]
+        el, fs, H = self.engine.local_experts, self.engine.ffn_shard, self.hidden_size
+        gate_up, down = stacked(gate_up, "gate_up", L), stacked(down, "down", L)
+        for name, t, want in (("gate_up", gate_up, (L, el, (2 if self.gated else 1) * fs, H)),
+                              ("down", down, (L, el, H, fs))):
+            if tuple(t.shape) != want:
+                raise ValueError(f"MoELayer.load_local_experts: {name}: shape {tuple(t.shape)}, expected {want} "
+                                 f"([L, E_l, {'2 F_s' if self.gated else 'F_s'}, H] and [L, E_l, H, F_s], or one "
+                                 f"rank's without the L)")
+        with torch.no_grad():
+            for i in range(L):
+                w0 = W.local_w0(gate_up[i], gated=self.gated)
+                if self.fp8:
+                    self._quantize_w0(i, w0)
+                else:
+                    self.w0[i].copy_(w0)
+                self.w1[i].copy_(down[i])
+
+    def local_experts(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(gate_up [L, E_l, 2 F_s, H], down [L, E_l, H, F_s]): this process's shards in the plain layout
+        load_local_experts takes, for a sharded checkpoint (works under torchrun, where experts() needs
+        every rank). An fp8 layer's gate_up is its w0 dequantised and rounded to bf16."""
+        w0 = self.w0.detach()
+        if self.fp8:
+            w0 = W.dequantize_weights_e4m3(w0, self.w0_scale.detach()).to(torch.bfloat16)
+        return torch.stack([W.plain_w0(w, gated=self.gated) for w in w0]), self.w1.detach().clone()
+
     def experts(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(gate_up_proj, down_proj) in the full layout; needs every rank local (a local team). An fp8
         layer's gate_up_proj is its w0 dequantised (codes times block scales, exact in fp32) and rounded to

@@ -6,7 +6,9 @@ Full layouts (what checkpoints hold):
   down_proj    [E, H, F]
   Mixtral-style per-expert Linears: w1 (gate) [F, H], w3 (up) [F, H], w2 (down) [H, F].
 
-A rank's shard (comet/weight_layout.hpp), rank = ep_index * tp + tp_index, E_l = E / ep, F_s = F / tp:
+A rank's shard (comet/weight_layout.hpp), rank = ep_index * tp + tp_index, E_l = E / ep, F_s = F / tp
+(local_w0 / plain_w0 convert one rank's own plain shard, [E_l, 2 F_s, H] gate rows then up rows, to and
+from it, for sharded checkpoints):
   w0 [E_l, N0_s, H]  experts [g E_l, (g+1) E_l) of EP group g, F columns [i F_s, (i+1) F_s) of TP index i;
                      SwiGLU: N0_s = 2 F_s with gate and up rows interleaved in blocks of 8 (rows 16b..16b+7
                      are gate rows 8b..8b+7 of the shard, rows 16b+8..16b+15 the matching up rows), so the
@@ -55,9 +57,35 @@ def shard_w0(gate_up_proj: torch.Tensor, *, gated: bool, ep: int, tp: int, rank:
     _check(fs % BLOCK == 0, f"F/tp ({fs}) must be a multiple of {BLOCK}")
     gate = gate_up_proj[experts, cols]
     up = gate_up_proj[experts, ffn + cols.start: ffn + cols.stop]
-    el = gate.shape[0]
+    return local_w0(torch.cat((gate, up), dim=1), gated=True)
+
+
+def local_w0(gate_up: torch.Tensor, *, gated: bool) -> torch.Tensor:
+    """A rank's w0 [E_l, N0_s, H] from its own shard in the plain layout, gate_up [E_l, 2 F_s, H]: its
+    experts' gate rows of its F columns, then the matching up rows (the layout a column-parallel GLU
+    weight has on its TP rank); [E_l, F_s, H] ungated, which is w0 as it is. For sharded checkpoints:
+    no rank needs the full weights."""
+    _check(gate_up.dim() == 3, f"gate_up must be [E_l, {'2 F_s' if gated else 'F_s'}, H], got {tuple(gate_up.shape)}")
+    if not gated:
+        return gate_up.contiguous()
+    el, rows, H = gate_up.shape
+    _check(rows % (2 * BLOCK) == 0, f"gate_up has {rows} rows: a gated shard needs 2 F_s with F_s a multiple of "
+                                    f"{BLOCK}")
+    fs = rows // 2
+    gate, up = gate_up[:, :fs], gate_up[:, fs:]
     blocks = torch.stack((gate.reshape(el, fs // BLOCK, BLOCK, H), up.reshape(el, fs // BLOCK, BLOCK, H)), dim=2)
     return blocks.reshape(el, 2 * fs, H).contiguous()
+
+
+def plain_w0(w0: torch.Tensor, *, gated: bool) -> torch.Tensor:
+    """local_w0's inverse: a rank's [E_l, 2 F_s, H] gate rows then up rows (or [E_l, F_s, H]) from its w0."""
+    _check(w0.dim() == 3, f"w0 must be [E_l, N0_s, H], got {tuple(w0.shape)}")
+    if not gated:
+        return w0.contiguous()
+    el, n0s, H = w0.shape
+    _check(n0s % (2 * BLOCK) == 0, f"w0 has {n0s} rows: a gated shard has 2 F_s, F_s a multiple of {BLOCK}")
+    blocks = w0.reshape(el, n0s // (2 * BLOCK), 2, BLOCK, H)
+    return torch.cat((blocks[:, :, 0].reshape(el, n0s // 2, H), blocks[:, :, 1].reshape(el, n0s // 2, H)), dim=1)
 
 
 def shard_w1(down_proj: torch.Tensor, *, ep: int, tp: int, rank: int) -> torch.Tensor:
@@ -78,9 +106,9 @@ def unshard_w0(shards: Sequence[torch.Tensor], *, gated: bool, ep: int, tp: int)
     for rank, w in enumerate(shards):
         experts, cols = _shard_ranges(E, F, ep, tp, rank)
         if gated:
-            blocks = w.reshape(el, fs // BLOCK, 2, BLOCK, H)
-            full[experts, cols] = blocks[:, :, 0].reshape(el, fs, H)
-            full[experts, F + cols.start: F + cols.stop] = blocks[:, :, 1].reshape(el, fs, H)
+            plain = plain_w0(w, gated=True)
+            full[experts, cols] = plain[:, :fs]
+            full[experts, F + cols.start: F + cols.stop] = plain[:, fs:]
         else:
             full[experts, cols] = w
     return full

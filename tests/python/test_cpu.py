@@ -293,6 +293,27 @@ def test_weight_shards_follow_the_kernel_layout_and_round_trip(ep, tp):
     assert torch.equal(W.unshard_w0(shards, gated=False, ep=ep, tp=tp), plain)
 
 
+@pytest.mark.parametrize("ep,tp", [(1, 1), (2, 1), (1, 2), (2, 2)])
+def test_local_shards_convert_without_the_full_weights(ep, tp):
+    """local_w0 on a rank's own plain shard (its experts' gate rows of its F columns, then the up rows) gives
+    what shard_w0 cuts from the full weights, and plain_w0 gives the plain shard back."""
+    torch.manual_seed(1)
+    E, F, H = 4, 32, 16
+    el, fs = E // ep, F // tp
+    gate_up = torch.randn(E, 2 * F, H)
+    for r in range(ep * tp):
+        g, i = r // tp, r % tp
+        experts = slice(g * el, (g + 1) * el)
+        plain = torch.cat((gate_up[experts, i * fs:(i + 1) * fs], gate_up[experts, F + i * fs:F + (i + 1) * fs]), 1)
+        assert torch.equal(W.local_w0(plain, gated=True), _interleave_rule(gate_up, r, ep, tp))
+        assert torch.equal(W.plain_w0(W.local_w0(plain, gated=True), gated=True), plain)
+    ungated = torch.randn(el, fs, H)
+    assert torch.equal(W.local_w0(ungated, gated=False), ungated)
+    assert torch.equal(W.plain_w0(ungated, gated=False), ungated)
+    with pytest.raises(ValueError, match="a gated shard needs 2 F_s"):
+        W.local_w0(torch.randn(2, 24, H), gated=True)
+
+
 def test_linear_experts_fuse_to_gate_then_up():
     w1 = [torch.randn(8, 4) for _ in range(3)]
     w3 = [torch.randn(8, 4) for _ in range(3)]

@@ -109,6 +109,35 @@ def test_loaders_agree_and_round_trip():
         assert torch.equal(x, y), r
 
 
+def test_local_loaders_match_the_full_ones():
+    """load_local_experts from each rank's plain shards (what a sharded checkpoint holds) gives the
+    weights load_experts gives from the full ones, and local_experts() gives the shards back."""
+    for kw in (dict(ep=2, tp=2, tokens=(5, 6, 7, 8)), dict(act="gelu", ep=2, tokens=(5, 6))):
+        p = make_problem(seed=31, **kw)
+        full = layer_for(p)
+        local = layer_for(p)
+        with torch.no_grad():
+            local.w0.zero_()
+            local.w1.zero_()
+        gate_up, down = p.gate_up.to(torch.bfloat16), p.down.to(torch.bfloat16)
+        F, el, fs = p.ffn, p.experts // p.ep, p.ffn // p.tp
+        shards0, shards1 = [], []
+        for r in range(p.world):
+            g, i = r // p.tp, r % p.tp
+            experts = slice(g * el, (g + 1) * el)
+            rows = [gate_up[experts, i * fs:(i + 1) * fs]]
+            if local.gated:
+                rows.append(gate_up[experts, F + i * fs:F + (i + 1) * fs])
+            shards0.append(torch.cat(rows, 1).cuda())
+            shards1.append(down[experts, :, i * fs:(i + 1) * fs].cuda())
+        local.load_local_experts(shards0, shards1)
+        assert torch.equal(local.w0, full.w0) and torch.equal(local.w1, full.w1)
+        back0, back1 = local.local_experts()
+        assert all(torch.equal(b, s) for b, s in zip(back0, shards0))
+        assert all(torch.equal(b, s) for b, s in zip(back1, shards1))
+        run_and_check(p, local, f"{kw} after load_local_experts")
+
+
 def test_router_and_shared_expert():
     torch.manual_seed(7)
     p = make_problem(ep=2, tokens=(33, 64), seed=7)

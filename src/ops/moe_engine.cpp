@@ -127,6 +127,21 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
 
   const int H = shape_.hidden, T = cap_.max_tokens_per_rank, W = par_.world();
   const size_t row_bytes = size_t(H) * 2;
+  // A constructor that throws (a private buffer the allocator refuses) runs no destructor: until the
+  // layer is whole this gives the team back the symmetric buffers taken below, where that needs no peer
+  // (one process drives every rank; across processes freeing is collective, MoeEngine::close). The
+  // private buffers go with the rank states either way.
+  struct SymmetricUntilBuilt {
+    MoeEngine* engine;
+    ~SymmetricUntilBuilt() {
+      if (!engine || engine->team_.spans_processes()) return;
+      try {
+        engine->free_symmetric();
+      } catch (const std::exception&) {
+        // Unwinding already: the constructor's own error is the one to report.
+      }
+    }
+  } symmetric_until_built{this};
   // The exported tokens: bf16 rows, or (e4m3) their records; A holds the same rows, and is sized for
   // bf16 either way since Y [rows][H] bf16 shares its memory.
   x_sym_ = team_.alloc_symmetric(size_t(T) * token_row_bytes());
@@ -217,6 +232,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   }
   // The zeroing above ran on the legacy stream; the ranks' non-blocking streams do not wait for it.
   COMET_CUDA_CHECK(cudaDeviceSynchronize());
+  symmetric_until_built.engine = nullptr;  // the layer is whole: its destructor or close() frees them
 }
 
 MoeEngine::~MoeEngine() {

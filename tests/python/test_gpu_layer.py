@@ -518,7 +518,8 @@ def test_load_factor_sizes_rows_and_a_batch_over_them_is_refused():
 def test_a_layer_too_large_for_the_gpu_raises_out_of_memory_and_the_process_goes_on():
     """A training layer whose private buffers exceed the free memory (two ranks; the exported buffers, a
     sixteenth of it, fit): torch's OutOfMemoryError with the layer's words, not a SystemError (seen once
-    from two 16384-token layers), and a small layer can be built and run afterwards."""
+    from two 16384-token layers), every byte it took given back (the team's exported buffers too), and a
+    small layer can be built and run afterwards."""
     torch.cuda.empty_cache()
     free = torch.cuda.mem_get_info()[0]
     footprint = lambda t: comet.layer_footprint(4096, 14336, 8, 2, ep=2, max_tokens=t, training=True)  # noqa: E731
@@ -526,9 +527,13 @@ def test_a_layer_too_large_for_the_gpu_raises_out_of_memory_and_the_process_goes
     while 2 * footprint(tokens)["total"] < 1.3 * free:
         tokens *= 2
     assert 2 * footprint(tokens)["symmetric"] < free / 4  # the refusal comes from a private buffer
+    team = comet.Team.local(2, "device", ep=2)
+    free = torch.cuda.mem_get_info()[0]
     with pytest.raises(torch.OutOfMemoryError, match="comet.FusedMoE: torch's caching allocator could not give"):
-        comet.FusedMoE(comet.Team.local(2, "device", ep=2), 4096, 14336, 8, 2, max_tokens=tokens, training=True)
+        comet.FusedMoE(team, 4096, 14336, 8, 2, max_tokens=tokens, training=True)
     torch.cuda.empty_cache()
+    # What the refused layer took is back, its exported buffers on the team included.
+    assert torch.cuda.mem_get_info()[0] > free - (256 << 20)
     p = make_problem(ep=2, tokens=(37, 200), seed=29)
     run_and_check(p, layer_for(p), "a small layer after the refusal")
 

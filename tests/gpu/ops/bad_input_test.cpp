@@ -3,6 +3,8 @@
 // with NaN outputs; either way the next valid call on the same layer is right.
 #include <gtest/gtest.h>
 
+#include <cuda_runtime.h>
+
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -182,6 +184,29 @@ TEST(BadInput, ConstructionIsRefusedWithTheReason) {
   nvshmem.transport = DeviceTransport::nvshmem;
   nvshmem.training = false;
   expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, nvshmem); }, "nvshmem");
+}
+
+// A private buffer the allocator refuses fails the constructor, and what the layer had taken goes back:
+// its private buffers with the rank states, and (one process drives every rank) the team's exported
+// buffers too, which a failed constructor used to keep until the team went (~200 MB here).
+TEST(BadInput, AllocatorRefusalGivesBackWhatTheLayerTook) {
+  LocalTeam team(2, Link::device);
+  const MoeCapacity cap{65536, 0};
+  { FusedMoe warm(team, kSmallSwiglu, Parallel{2, 1}, cap); }  // one-time costs (modules, streams) first
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  int calls = 0;
+  MoeOptions refuse;
+  refuse.allocator.allocate = [&calls](size_t bytes) -> void* {
+    void* p = nullptr;
+    if (++calls > 3 || cudaMalloc(&p, bytes) != cudaSuccess) return nullptr;
+    return p;
+  };
+  refuse.allocator.release = [](void* p) { cudaFree(p); };
+  expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, cap, refuse); }, "returned null");
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  EXPECT_GE(free_after + (8u << 20), free_before) << "MB not given back: " << (free_before - free_after) / 1e6;
+  FusedMoe again(team, kSmallSwiglu, Parallel{2, 1}, cap);  // the team still builds layers
 }
 
 TEST(BadInput, ForwardBeforeWeightsIsRefused) {

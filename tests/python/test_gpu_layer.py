@@ -197,15 +197,20 @@ def test_torch_compile_fullgraph_trains_like_eager():
 
 
 # ---- backward ----------------------------------------------------------------------------------------------
-def comet_grads(p, layer, dout) -> Grads:
-    """comet's gradients of sum_r <dout_r, out_r> by autograd, the weights' in the full layout."""
+def backward_once(p, layer, dout):
+    """One micro-batch: forward and backward of sum_r <dout_r, out_r>; the inputs' and gates' gradients."""
     xs = [x.clone().requires_grad_() for x in p.x]
     gates = [g.clone().requires_grad_() for g in p.gates]
-    layer.zero_grad(set_to_none=True)
     torch.autograd.backward(layer(xs, p.ids, gates), dout)
+    return [x.grad for x in xs], [g.grad for g in gates]
+
+
+def comet_grads(p, layer, dout) -> Grads:
+    """comet's gradients of sum_r <dout_r, out_r> by autograd, the weights' in the full layout."""
+    layer.zero_grad(set_to_none=True)
+    dx, dgates = backward_once(p, layer, dout)
     t = layer.team
-    return Grads([x.grad for x in xs], [g.grad for g in gates],
-                 W.unshard_w0(list(layer.w0.grad), gated=layer.gated, ep=t.ep, tp=t.tp),
+    return Grads(dx, dgates, W.unshard_w0(list(layer.w0.grad), gated=layer.gated, ep=t.ep, tp=t.tp),
                  W.unshard_w1(list(layer.w1.grad), ep=t.ep, tp=t.tp))
 
 
@@ -274,14 +279,6 @@ def test_grouped_weight_grad_matches_plain_pytorch_autograd(name, kw, link):
 
 
 # ---- gradient_accumulation_fusion (Megatron's main_grad) ----------------------------------------------------
-def backward_once(p, layer, dout):
-    """One micro-batch: forward and backward of sum_r <dout_r, out_r>; the inputs' and gates' gradients."""
-    xs = [x.clone().requires_grad_() for x in p.x]
-    gates = [g.clone().requires_grad_() for g in p.gates]
-    torch.autograd.backward(layer(xs, p.ids, gates), dout)
-    return [x.grad for x in xs], [g.grad for g in gates]
-
-
 def give_main_grads(layer, dtype, megatron_flags=True):
     for w in (layer.w0, layer.w1):
         w.main_grad = torch.zeros(w.shape, dtype=dtype, device=w.device)

@@ -15,7 +15,9 @@
 //       an IpcTeam has; --transport picks which of its transports' rows count, default cuda_ipc, the
 //       peer-pointer kernels a layer runs by default); --tile-runs files only feed
 //       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs;
-//       --entries-only keeps the table's cost models (a partial sweep updates its keys' picks only)
+//       --entries-only keeps the table's cost models (a partial sweep updates its keys' picks only);
+//       --gemm-runs files (paired GEMM-alone runs with cuBLAS, one per tile width) set the tile width of
+//       the sequential-mode picks (gemm_width_runs.hpp)
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work] [--sequential-margin X]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
@@ -48,6 +50,7 @@
 #include "tune/cost_model_eval.hpp"
 #include "comet/tune.hpp"
 #include "comet_bench.hpp"
+#include "gemm_width_runs.hpp"
 #include "link_what_if.hpp"
 #include "models.hpp"
 
@@ -61,6 +64,7 @@ struct Args {
   std::vector<std::string> results;
   std::vector<std::string> evaluate;
   std::vector<std::string> tile_runs;  // --from-results files used only for the tile shapes' GEMM rates
+  std::vector<std::string> gemm_runs;  // --from-results: paired GEMM-alone runs, the n_comm-0 picks' widths
   bool entries_only = false;           // --from-results: the picks only, no cost-model refit
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
   // Measuring: the uniform sweep fills the keys (load class 1) and calibrates the cost model; the Zipf
@@ -198,7 +202,8 @@ void fit_comm(const std::vector<json>& runs, CostModel& c) {
 }
 
 // Best fused variant per key and the calibrated cost model per (gpu, link), from benchmark records.
-void fill_from_results(const std::vector<json>& records, const Args& a, TuneTable& table) {
+void fill_from_results(const std::vector<json>& records, const Args& a, const tune_tool::WidthRatios& widths,
+                       TuneTable& table) {
   struct Best {
     TuneKey key;
     LayerVariant v;
@@ -281,6 +286,24 @@ void fill_from_results(const std::vector<json>& records, const Args& a, TuneTabl
     for (const auto& [pt, p] : points[s])
       if (pt.first == 256 && (!wide || p.ms < wide->ms)) wide = &p;
     if (wide && b.ms >= kNarrowTileGain * wide->ms) b = *wide;
+  }
+  // The sequential mode runs its GEMM alone, so its width is the one whose GEMM-alone runs are the
+  // fastest against cuBLAS (gemm_width_runs.hpp), under the same 3 % rule. Its time at that width: the
+  // measured sequential-mode point scaled by the two widths' ratios. It replaces a sequential-mode pick of
+  // another width, and a fused pick it beats by 3 % (a fused split at a narrower width is not predicted).
+  for (auto& [s, b] : best) {
+    const auto it = widths.find(s);
+    if (it == widths.end()) continue;
+    const auto pick = tune_tool::width_pick(it->second, kNarrowTileGain);
+    const Best* seq = nullptr;  // the fastest sequential-mode point at a width the runs measured
+    for (const auto& [pt, p] : points[s])
+      if (pt.second == 0 && it->second.count(pt.first) && (!seq || p.ms < seq->ms)) seq = &p;
+    if (!pick || !seq) continue;
+    const double ms = seq->ms * it->second.at(*pick) / it->second.at(seq->v.tile_n);
+    if (b.v.n_comm == 0 ? *pick == b.v.tile_n : ms >= kNarrowTileGain * b.ms) continue;
+    std::printf("  %-78s n_comm %d tile %d %.3f ms -> n_comm 0 tile %d %.3f ms (GEMM alone / cuBLAS %.3f -> %.3f)\n",
+                s.c_str(), b.v.n_comm, b.v.tile_n, b.ms, *pick, ms, it->second.at(seq->v.tile_n), it->second.at(*pick));
+    b.v.tile_n = *pick, b.v.n_comm = 0, b.ms = ms;
   }
   // 128x128 and 128x192 tiles' rates against 128x256 at equal padding, from cases measured with both.
   std::map<std::string, std::map<int, std::vector<double>>> tile_eff;  // gpu|link -> tile_n -> ratios
@@ -469,6 +492,8 @@ int main(int argc, char** argv) {
       a.entries_only = true;
     } else if (s == "--tile-runs") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.tile_runs.push_back(argv[++i]);
+    } else if (s == "--gemm-runs") {
+      while (i + 1 < argc && argv[i + 1][0] != '-') a.gemm_runs.push_back(argv[++i]);
     } else if (s == "--model") a.model = value();
     else if (s == "--layout") a.layout = value();
     else if (s == "--link") a.link = value();
@@ -488,7 +513,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
-                           " | --from-results JSON... [--tile-runs JSON...] [--entries-only] [--transport T]) [--table PATH]"
+                           " | --from-results JSON... [--tile-runs JSON...] [--gemm-runs JSON...] [--entries-only] [--transport T])"
+                           " [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
                            " | --lookup-overhead | --where\n");
@@ -536,9 +562,18 @@ int main(int argc, char** argv) {
           r["tile_run_only"] = true;
           records.push_back(r);
         }
+    std::vector<tune_tool::GemmRecord> gemm_records;
+    for (size_t f = 0; f < a.gemm_runs.size(); ++f)
+      for (json& r : read_records(a.gemm_runs[f])) gemm_records.push_back({int(f), std::move(r)});
+    const auto widths = tune_tool::width_ratios(gemm_records, [&](const json& r) -> std::optional<std::string> {
+      if (launch_of(r) < 0 || !of_transport(r, a)) return std::nullopt;
+      TuneKey k = key_of(r, sms_of(r, a.sms));
+      k.load = 1;  // uniform routing, as the sweeps' keys
+      return k.str();
+    });
     TuneTable table = TuneTable::load(a.table);
     std::printf("comet-tune: %zu records -> %s\n", records.size(), a.table.c_str());
-    fill_from_results(records, a, table);
+    fill_from_results(records, a, widths, table);
     table.save(a.table);
     std::printf("comet-tune: table holds %zu entries\n", table.size());
   } catch (const std::exception& e) {

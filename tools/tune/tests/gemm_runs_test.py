@@ -1,0 +1,70 @@
+"""comet-tune --gemm-runs: the tile width of sequential-mode picks from GEMM-alone runs, one run per width,
+compared through cuBLAS timed in rotation in each run (the runs' clocks differ; cuBLAS cancels that).
+
+Four layer-1 keys (Mixtral EP 8 on the device link, by token count), each with a sweep at tile 256:
+  1024:  sequential mode wins; 192's GEMM is slower in its own run (1.10 against 1.00 ms) but its run was
+         slower too (cuBLAS 1.00 against 0.80): against cuBLAS 1.10 < 1.25, so 192, at 1.0 x 1.10 / 1.25 ms;
+  4096:  a fused split (n_comm 24, 0.95 ms) wins the sweep; sequential mode at 192 comes to 0.88 ms by the
+         ratios, more than 3 % faster: n_comm 0 at 192;
+  16384: 192 is 2 % better against cuBLAS: noise, 256 stays;
+  256:   no 256-wide GEMM run: nothing to compare against, the sweep's pick stays.
+
+    python3 gemm_runs_test.py PATH/TO/comet-tune
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+BASE = {"model": "mixtral", "world": 8, "ep": 8, "tp": 1, "link": "device", "routing": "uniform",
+        "gpu": "NVIDIA H100 80GB HBM3", "layer": "l1"}
+
+
+def sweep():
+    out = []
+    for tokens, points in ((1024, {0: 1.0, 24: 1.2}), (4096, {0: 1.0, 24: 0.95}), (16384, {0: 1.0, 24: 1.3}),
+                           (256, {0: 1.0, 24: 1.3})):
+        for n, ms in points.items():
+            out.append(dict(BASE, system="comet", mode="fused", tokens_per_rank=tokens, tile_n=256, n_comm=n,
+                            median_ms=ms))
+    return out
+
+
+def gemm_run(tile, cases):
+    out = []
+    for tokens, (ours, cublas) in cases.items():
+        out.append(dict(BASE, system="comet", mode="gemm_only", paired=True, tokens_per_rank=tokens, tile_n=tile,
+                        n_comm=0, median_ms=ours))
+        out.append(dict(BASE, system="cublas", paired=True, tokens_per_rank=tokens, tile_n=tile, median_ms=cublas))
+        # Unpaired records of the same run (timed apart from cuBLAS) do not count.
+        out.append(dict(BASE, system="comet", mode="gemm_only", tokens_per_rank=tokens, tile_n=tile, n_comm=0,
+                        median_ms=0.01))
+    return out
+
+
+def main(tune):
+    runs = {"t256": gemm_run(256, {1024: (1.0, 0.8), 4096: (1.0, 1.0), 16384: (1.0, 1.0)}),
+            "t192": gemm_run(192, {1024: (1.1, 1.0), 4096: (0.88, 1.0), 16384: (0.98, 1.0), 256: (0.5, 1.0)})}
+    with tempfile.TemporaryDirectory() as d:
+        paths = {}
+        for name, records in dict(runs, sweep=sweep()).items():
+            paths[name] = os.path.join(d, name + ".json")
+            with open(paths[name], "w") as f:
+                json.dump(records, f)
+        table = os.path.join(d, "table.json")
+        subprocess.run([tune, "--table", table, "--entries-only", "--from-results", paths["sweep"], "--gemm-runs",
+                        paths["t256"], paths["t192"]], check=True, stdout=subprocess.DEVNULL)
+        with open(table) as f:
+            entries = json.load(f)["entries"]
+    got = {key.split("|")[-2]: (e["n_comm"], e["tile_n"], round(e["ms"], 3)) for key, e in entries.items()}
+    expected = {"T1024": (0, 192, 0.88), "T4096": (0, 192, 0.88), "T16384": (0, 256, 1.0), "T256": (0, 256, 1.0)}
+    if got != expected:
+        print(f"picks {got}, expected {expected}")
+        return 1
+    print("widths from the GEMM runs as expected:", got)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))

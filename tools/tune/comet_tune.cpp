@@ -215,6 +215,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
   std::map<std::string, std::vector<json>> comm_runs;
   // The standalone GEMMs' runs (comet-bench --standalone-gemms: modes gemm_<name>) by key.
   std::map<std::string, std::map<StandaloneGemm, double>> standalone;
+  std::map<std::string, int> standalone_tile;  // the tile our kernel ran at in those runs
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
   // A fused record's time at its (tile, n_comm) under key k; a later record replaces an earlier one.
@@ -243,6 +244,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
         TuneKey k = key_of(r, sms);
         k.load = 1;
         standalone[k.str()][*g] = r.value("median_ms", 1e30);
+        if (*g == StandaloneGemm::comet) standalone_tile[k.str()] = r.value("tile_n", 256);
       }
       continue;
     }
@@ -317,14 +319,25 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
         tile_eff[mk][t].push_back(by_tile.at(256).value("median_ms", 0.0) / rt.value("median_ms", 1.0) * pad);
       }
   // Where the sequential schedule won, its GEMM is the fastest standalone one measured for the case when
-  // that beats ours by kStandaloneGain (less is noise: the sequential point was timed with ours).
+  // that beats ours by kStandaloneGain (less is noise: the sequential point was timed with ours). Ours at
+  // the pick's width: the runs' time at their width, scaled by the GEMM runs' ratios where the pick's
+  // width came from them.
   constexpr double kStandaloneGain = 0.97;
   for (auto& [s, b] : best) {
     const auto it = standalone.find(s);
     if (b.v.n_comm != 0 || it == standalone.end() || !it->second.count(StandaloneGemm::comet)) continue;
+    double ours = it->second.at(StandaloneGemm::comet);
+    const int ran_at = standalone_tile[s];
+    if (const auto w = widths.find(s); w != widths.end() && ran_at != b.v.tile_n) {
+      if (!w->second.count(ran_at) || !w->second.count(b.v.tile_n)) continue;  // no way to compare
+      ours *= w->second.at(b.v.tile_n) / w->second.at(ran_at);
+    } else if (ran_at != b.v.tile_n) {
+      continue;  // ours at another width than the pick's, with nothing to scale it by
+    }
     const auto fastest = std::min_element(it->second.begin(), it->second.end(),
                                           [](const auto& x, const auto& y) { return x.second < y.second; });
-    if (fastest->second < kStandaloneGain * it->second.at(StandaloneGemm::comet)) b.v.standalone_gemm = fastest->first;
+    if (fastest->first != StandaloneGemm::comet && fastest->second < kStandaloneGain * ours)
+      b.v.standalone_gemm = fastest->first;
   }
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});

@@ -8,6 +8,9 @@ Four layer-1 keys (Mixtral EP 8 on the device link, by token count), each with a
          ratios, more than 3 % faster: n_comm 0 at 192;
   16384: 192 is 2 % better against cuBLAS: noise, 256 stays;
   256:   no 256-wide GEMM run: nothing to compare against, the sweep's pick stays.
+The sweep also timed CUTLASS's grouped GEMM beside ours at 256 (comet-bench --standalone-gemms): 0.92 against
+1.00 ms at 1024 tokens, where ours at 192 comes to 0.88 (so ours stays), and 0.90 against 1.00 at 16384, where
+256 stays (so the grouped GEMM is taken).
 
     python3 gemm_runs_test.py PATH/TO/comet-tune
 """
@@ -27,6 +30,10 @@ def sweep():
                            (256, {0: 1.0, 24: 1.3})):
         for n, ms in points.items():
             out.append(dict(BASE, system="comet", mode="fused", tokens_per_rank=tokens, tile_n=256, n_comm=n,
+                            median_ms=ms))
+    for tokens, grouped in ((1024, 0.92), (16384, 0.90)):
+        for mode, ms in (("gemm_comet", 1.0), ("gemm_grouped", grouped)):
+            out.append(dict(BASE, system="comet", mode=mode, tokens_per_rank=tokens, tile_n=256, n_comm=0,
                             median_ms=ms))
     return out
 
@@ -57,8 +64,10 @@ def main(tune):
                         paths["t256"], paths["t192"]], check=True, stdout=subprocess.DEVNULL)
         with open(table) as f:
             entries = json.load(f)["entries"]
-    got = {key.split("|")[-2]: (e["n_comm"], e["tile_n"], round(e["ms"], 3)) for key, e in entries.items()}
-    expected = {"T1024": (0, 192, 0.88), "T4096": (0, 192, 0.88), "T16384": (0, 256, 1.0), "T256": (0, 256, 1.0)}
+    got = {key.split("|")[-2]: (e["n_comm"], e["tile_n"], round(e["ms"], 3), e.get("standalone_gemm", "comet"))
+           for key, e in entries.items()}
+    expected = {"T1024": (0, 192, 0.88, "comet"), "T4096": (0, 192, 0.88, "comet"),
+                "T16384": (0, 256, 1.0, "grouped"), "T256": (0, 256, 1.0, "comet")}
     if got != expected:
         print(f"picks {got}, expected {expected}")
         return 1

@@ -214,8 +214,8 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
   std::map<std::string, std::vector<double>> gemm_rate, fp8_rate, link;  // by gpu|link
   std::map<std::string, std::vector<json>> comm_runs;
   // The standalone GEMMs' runs (comet-bench --standalone-gemms: modes gemm_<name>) by key.
-  std::map<std::string, std::map<StandaloneGemm, double>> standalone;
-  std::map<std::string, int> standalone_tile;  // the tile our kernel ran at in those runs
+  // The standalone GEMMs' runs by key, then by the tile our kernel ran at in them.
+  std::map<std::string, std::map<int, std::map<StandaloneGemm, double>>> standalone;
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
   // A fused record's time at its (tile, n_comm) under key k; a later record replaces an earlier one.
@@ -243,8 +243,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
       if (const auto g = standalone_gemm_named(mode.substr(5))) {
         TuneKey k = key_of(r, sms);
         k.load = 1;
-        standalone[k.str()][*g] = r.value("median_ms", 1e30);
-        if (*g == StandaloneGemm::comet) standalone_tile[k.str()] = r.value("tile_n", 256);
+        standalone[k.str()][r.value("tile_n", 256)][*g] = r.value("median_ms", 1e30);
       }
       continue;
     }
@@ -320,21 +319,27 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
       }
   // Where the sequential schedule won, its GEMM is the fastest standalone one measured for the case when
   // that beats ours by kStandaloneGain (less is noise: the sequential point was timed with ours). Ours at
-  // the pick's width: the runs' time at their width, scaled by the GEMM runs' ratios where the pick's
-  // width came from them.
+  // the pick's width: from the runs at that width, else from a run at another width scaled by the GEMM
+  // runs' ratios (--gemm-runs), else no comparison.
   constexpr double kStandaloneGain = 0.97;
   for (auto& [s, b] : best) {
     const auto it = standalone.find(s);
-    if (b.v.n_comm != 0 || it == standalone.end() || !it->second.count(StandaloneGemm::comet)) continue;
-    double ours = it->second.at(StandaloneGemm::comet);
-    const int ran_at = standalone_tile[s];
-    if (const auto w = widths.find(s); w != widths.end() && ran_at != b.v.tile_n) {
-      if (!w->second.count(ran_at) || !w->second.count(b.v.tile_n)) continue;  // no way to compare
-      ours *= w->second.at(b.v.tile_n) / w->second.at(ran_at);
-    } else if (ran_at != b.v.tile_n) {
-      continue;  // ours at another width than the pick's, with nothing to scale it by
+    if (b.v.n_comm != 0 || it == standalone.end()) continue;
+    const auto w = widths.find(s);
+    const std::map<StandaloneGemm, double>* run = nullptr;
+    double scale = 1;
+    for (const auto& [tile, times] : it->second) {
+      if (!times.count(StandaloneGemm::comet)) continue;
+      if (tile == b.v.tile_n) {
+        run = &times, scale = 1;
+        break;
+      }
+      if (w != widths.end() && w->second.count(tile) && w->second.count(b.v.tile_n))
+        run = &times, scale = w->second.at(b.v.tile_n) / w->second.at(tile);
     }
-    const auto fastest = std::min_element(it->second.begin(), it->second.end(),
+    if (!run) continue;
+    const double ours = run->at(StandaloneGemm::comet) * scale;
+    const auto fastest = std::min_element(run->begin(), run->end(),
                                           [](const auto& x, const auto& y) { return x.second < y.second; });
     if (fastest->first != StandaloneGemm::comet && fastest->second < kStandaloneGain * ours)
       b.v.standalone_gemm = fastest->first;

@@ -17,7 +17,10 @@
 //       the tile shapes' relative GEMM rates (their layer-0 gemm-only runs), not the picks or comm costs;
 //       --entries-only keeps the table's cost models (a partial sweep updates its keys' picks only);
 //       --gemm-runs files (paired GEMM-alone runs with cuBLAS, one per tile width) set the tile width of
-//       the sequential-mode picks (gemm_width_runs.hpp)
+//       the sequential-mode picks (gemm_width_runs.hpp); --standalone-runs files give only their
+//       standalone-GEMM records (comet-bench --standalone-gemms: modes gemm_<name>), so that a one-GPU run
+//       can add CUTLASS's grouped GEMMs to picks swept elsewhere (its other records would replace points
+//       of those sweeps)
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work] [--sequential-margin X]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
@@ -65,6 +68,7 @@ struct Args {
   std::vector<std::string> evaluate;
   std::vector<std::string> tile_runs;  // --from-results files used only for the tile shapes' GEMM rates
   std::vector<std::string> gemm_runs;  // --from-results: paired GEMM-alone runs, the n_comm-0 picks' widths
+  std::vector<std::string> standalone_runs;  // --from-results: files whose gemm_<name> records alone count
   bool entries_only = false;           // --from-results: the picks only, no cost-model refit
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
   // Measuring: the uniform sweep fills the keys (load class 1) and calibrates the cost model; the Zipf
@@ -512,6 +516,8 @@ int main(int argc, char** argv) {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.tile_runs.push_back(argv[++i]);
     } else if (s == "--gemm-runs") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.gemm_runs.push_back(argv[++i]);
+    } else if (s == "--standalone-runs") {
+      while (i + 1 < argc && argv[i + 1][0] != '-') a.standalone_runs.push_back(argv[++i]);
     } else if (s == "--model") a.model = value();
     else if (s == "--layout") a.layout = value();
     else if (s == "--link") a.link = value();
@@ -531,7 +537,8 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
-                           " | --from-results JSON... [--tile-runs JSON...] [--gemm-runs JSON...] [--entries-only] [--transport T])"
+                           " | --from-results JSON... [--tile-runs JSON...] [--gemm-runs JSON...] [--standalone-runs JSON...]"
+                           " [--entries-only] [--transport T])"
                            " [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
@@ -580,6 +587,11 @@ int main(int argc, char** argv) {
           r["tile_run_only"] = true;
           records.push_back(r);
         }
+    for (const auto& p : a.standalone_runs)
+      for (json& r : read_records(p)) {
+        const std::string mode = r.value("mode", "");
+        if (mode.rfind("gemm_", 0) == 0 && mode != "gemm_only") records.push_back(std::move(r));
+      }
     std::vector<tune_tool::GemmRecord> gemm_records;
     for (size_t f = 0; f < a.gemm_runs.size(); ++f)
       for (json& r : read_records(a.gemm_runs[f])) gemm_records.push_back({int(f), std::move(r)});

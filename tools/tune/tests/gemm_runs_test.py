@@ -8,8 +8,9 @@ Four layer-1 keys (Mixtral EP 8 on the device link, by token count), each with a
          ratios, more than 3 % faster: n_comm 0 at 192;
   16384: 192 is 2 % better against cuBLAS: noise, 256 stays;
   256:   no 256-wide GEMM run: nothing to compare against, the sweep's pick stays.
-The sweep also timed CUTLASS's grouped GEMM beside ours at 256 (comet-bench --standalone-gemms): 0.92 against
-1.00 ms at 1024 tokens, where ours at 192 comes to 0.88 (so ours stays), and 0.90 against 1.00 at 16384, where
+A run of its own timed CUTLASS's grouped GEMM beside ours at 256 (comet-bench --standalone-gemms, given as
+--standalone-runs: only its gemm_<name> records count, not the fused point it also holds): 0.92 against 1.00
+ms at 1024 tokens, where ours at 192 comes to 0.88 (so ours stays), and 0.90 against 1.00 at 16384, where
 256 stays (so the grouped GEMM is taken).
 
     python3 gemm_runs_test.py PATH/TO/comet-tune
@@ -31,10 +32,17 @@ def sweep():
         for n, ms in points.items():
             out.append(dict(BASE, system="comet", mode="fused", tokens_per_rank=tokens, tile_n=256, n_comm=n,
                             median_ms=ms))
+    return out
+
+
+def standalone_run():
+    out = []
     for tokens, grouped in ((1024, 0.92), (16384, 0.90)):
         for mode, ms in (("gemm_comet", 1.0), ("gemm_grouped", grouped)):
             out.append(dict(BASE, system="comet", mode=mode, tokens_per_rank=tokens, tile_n=256, n_comm=0,
                             median_ms=ms))
+    # The run's own sequential-mode point: --standalone-runs must not let it replace the sweep's.
+    out.append(dict(BASE, system="comet", mode="fused", tokens_per_rank=16384, tile_n=256, n_comm=0, median_ms=0.5))
     return out
 
 
@@ -55,13 +63,14 @@ def main(tune):
             "t192": gemm_run(192, {1024: (1.1, 1.0), 4096: (0.88, 1.0), 16384: (0.98, 1.0), 256: (0.5, 1.0)})}
     with tempfile.TemporaryDirectory() as d:
         paths = {}
-        for name, records in dict(runs, sweep=sweep()).items():
+        for name, records in dict(runs, sweep=sweep(), standalone=standalone_run()).items():
             paths[name] = os.path.join(d, name + ".json")
             with open(paths[name], "w") as f:
                 json.dump(records, f)
         table = os.path.join(d, "table.json")
         subprocess.run([tune, "--table", table, "--entries-only", "--from-results", paths["sweep"], "--gemm-runs",
-                        paths["t256"], paths["t192"]], check=True, stdout=subprocess.DEVNULL)
+                        paths["t256"], paths["t192"], "--standalone-runs", paths["standalone"]], check=True,
+                       stdout=subprocess.DEVNULL)
         with open(table) as f:
             entries = json.load(f)["entries"]
     got = {key.split("|")[-2]: (e["n_comm"], e["tile_n"], round(e["ms"], 3), e.get("standalone_gemm", "comet"))

@@ -21,6 +21,8 @@
 //       standalone-GEMM records (comet-bench --standalone-gemms: modes gemm_<name>), so that a one-GPU run
 //       can add CUTLASS's grouped GEMMs to picks swept elsewhere (its other records would replace points
 //       of those sweeps)
+//   comet-tune --gemm-runs JSON... / --standalone-runs JSON... (without --from-results)
+//       refines the table's own sequential-mode entries with those runs: width and standalone GEMM
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work] [--sequential-margin X]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
@@ -205,21 +207,111 @@ void fit_comm(const std::vector<json>& runs, CostModel& c) {
   c.l0_unit_us = fit.l0_unit_us, c.l0_store_gbps = fit.l0_store_gbps, c.l1_slice_us = fit.l1_slice_us;
 }
 
+// A key's pick and its measured (or, scaled by GEMM runs, estimated) time.
+struct Best {
+  TuneKey key;
+  LayerVariant v;
+  double ms = 1e30;
+};
+using Points = std::map<std::pair<int, int>, Best>;  // one key's sweep: (tile_n, n_comm) -> time
+// One key's standalone-GEMM runs (comet-bench --standalone-gemms: modes gemm_<name>), by the width ours ran at.
+using StandaloneRuns = std::map<int, std::map<StandaloneGemm, double>>;
+
+// A narrower tile than 256, or a standalone GEMM, replaces ours only when it beats it by 3 %: closer is
+// noise (Mixtral EP 4 x TP 2 layer 1 at 4096 tokens "won" at 192 by 0.01 % in run 37's sweep and then ran
+// 15 % slower in the validation; the sequential point was timed with our GEMM).
+constexpr double kMeasuredGain = 0.97;
+
+// A gemm_<name> record into `runs` (its key's, uniform routing); false for other records.
+bool add_standalone(const json& r, int sms, std::map<std::string, StandaloneRuns>& runs,
+                    std::map<std::string, TuneKey>& keys) {
+  const std::string mode = r.value("mode", "");
+  if (r.value("system", "") != "comet" || mode.rfind("gemm_", 0) != 0 || mode == "gemm_only") return false;
+  const auto g = standalone_gemm_named(mode.substr(5));
+  if (!g || launch_of(r) < 0) return false;
+  TuneKey k = key_of(r, sms);
+  k.load = 1;
+  runs[k.str()][r.value("tile_n", 256)][*g] = r.value("median_ms", 1e30);
+  keys.emplace(k.str(), k);
+  return true;
+}
+
+// The sequential mode runs its GEMM alone, so its width is the one whose GEMM-alone runs are the fastest
+// against cuBLAS (gemm_width_runs.hpp), under kMeasuredGain. Its time at that width: the sweep's fastest
+// sequential-mode point at a width the runs measured, scaled by the two widths' ratios. It replaces a
+// sequential-mode pick of another width, and a fused pick it beats by kMeasuredGain (a fused split at
+// another width is not predicted).
+void apply_width(const std::string& s, Best& b, const Points& sweep, const tune_tool::WidthRatios& widths) {
+  const auto it = widths.find(s);
+  if (it == widths.end()) return;
+  const auto pick = tune_tool::width_pick(it->second, kMeasuredGain);
+  const Best* seq = nullptr;
+  for (const auto& [pt, p] : sweep)
+    if (pt.second == 0 && it->second.count(pt.first) && (!seq || p.ms < seq->ms)) seq = &p;
+  if (!pick || !seq) return;
+  const double ms = seq->ms * it->second.at(*pick) / it->second.at(seq->v.tile_n);
+  if (b.v.n_comm == 0 ? *pick == b.v.tile_n : ms >= kMeasuredGain * b.ms) return;
+  std::printf("  %-78s n_comm %d tile %d %.3f ms -> n_comm 0 tile %d %.3f ms (GEMM alone / cuBLAS %.3f -> %.3f)\n",
+              s.c_str(), b.v.n_comm, b.v.tile_n, b.ms, *pick, ms, it->second.at(seq->v.tile_n), it->second.at(*pick));
+  b.v.tile_n = *pick, b.v.n_comm = 0, b.ms = ms;
+}
+
+// Where the sequential schedule is the pick, its GEMM is the fastest standalone one measured for the key
+// when that beats ours by kMeasuredGain. Ours at the pick's width: from the runs at that width, else from a
+// run at another width scaled by the GEMM runs' ratios (--gemm-runs), else no comparison.
+void apply_standalone(const std::string& s, Best& b, const std::map<std::string, StandaloneRuns>& standalone,
+                      const tune_tool::WidthRatios& widths) {
+  const auto it = standalone.find(s);
+  if (b.v.n_comm != 0 || it == standalone.end()) return;
+  const auto w = widths.find(s);
+  const std::map<StandaloneGemm, double>* run = nullptr;
+  double scale = 1;
+  for (const auto& [tile, times] : it->second) {
+    if (!times.count(StandaloneGemm::comet)) continue;
+    if (tile == b.v.tile_n) {
+      run = &times, scale = 1;
+      break;
+    }
+    if (w != widths.end() && w->second.count(tile) && w->second.count(b.v.tile_n))
+      run = &times, scale = w->second.at(b.v.tile_n) / w->second.at(tile);
+  }
+  if (!run) return;
+  const double ours = run->at(StandaloneGemm::comet) * scale;
+  const auto fastest = std::min_element(run->begin(), run->end(),
+                                        [](const auto& x, const auto& y) { return x.second < y.second; });
+  b.v.standalone_gemm = fastest->first != StandaloneGemm::comet && fastest->second < kMeasuredGain * ours
+                            ? fastest->first
+                            : StandaloneGemm::comet;
+}
+
+// --gemm-runs / --standalone-runs without --from-results: the table's own sequential-mode entries take the
+// width and the standalone GEMM those runs favour (the rules above, with the entry as the sweep's one
+// point). Fused entries stay (no sequential-mode time to scale), as do keys the runs do not cover.
+void refine_entries(const std::map<std::string, TuneKey>& keys, const std::map<std::string, StandaloneRuns>& standalone,
+                    const tune_tool::WidthRatios& widths, TuneTable& table) {
+  for (const auto& [s, k] : keys) {
+    const TuneEntry* e = table.find(k);
+    if (!e || e->variant.n_comm != 0) continue;
+    Best b{k, e->variant, e->ms};
+    apply_width(s, b, Points{{{b.v.tile_n, 0}, b}}, widths);
+    apply_standalone(s, b, standalone, widths);
+    if (b.v.tile_n == e->variant.tile_n && b.v.standalone_gemm == e->variant.standalone_gemm) continue;
+    if (b.v.standalone_gemm != e->variant.standalone_gemm)  // apply_width printed a width change
+      std::printf("  %-78s gemm %s -> %s\n", s.c_str(), to_string(e->variant.standalone_gemm),
+                  to_string(b.v.standalone_gemm));
+    table.put(k, TuneEntry{b.v, b.ms});
+  }
+}
+
 // Best fused variant per key and the calibrated cost model per (gpu, link), from benchmark records.
 void fill_from_results(const std::vector<json>& records, const Args& a, const tune_tool::WidthRatios& widths,
                        TuneTable& table) {
-  struct Best {
-    TuneKey key;
-    LayerVariant v;
-    double ms = 1e30;
-  };
   std::map<std::string, Best> best;
-  std::map<std::string, std::map<std::pair<int, int>, Best>> points;  // key -> (tile_n, n_comm) -> time
+  std::map<std::string, Points> points;
   std::map<std::string, std::vector<double>> gemm_rate, fp8_rate, link;  // by gpu|link
   std::map<std::string, std::vector<json>> comm_runs;
-  // The standalone GEMMs' runs (comet-bench --standalone-gemms: modes gemm_<name>) by key.
-  // The standalone GEMMs' runs by key, then by the tile our kernel ran at in them.
-  std::map<std::string, std::map<int, std::map<StandaloneGemm, double>>> standalone;
+  std::map<std::string, StandaloneRuns> standalone;
+  std::map<std::string, TuneKey> standalone_keys;
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
   // A fused record's time at its (tile, n_comm) under key k; a later record replaces an earlier one.
@@ -244,11 +336,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
     const std::string mode = r.value("mode", "");
     const int sms = sms_of(r, a.sms);
     if (mode.rfind("gemm_", 0) == 0 && mode != "gemm_only") {
-      if (const auto g = standalone_gemm_named(mode.substr(5))) {
-        TuneKey k = key_of(r, sms);
-        k.load = 1;
-        standalone[k.str()][r.value("tile_n", 256)][*g] = r.value("median_ms", 1e30);
-      }
+      add_standalone(r, sms, standalone, standalone_keys);
       continue;
     }
     const std::string model_key = gpu + '|' + lk;
@@ -281,35 +369,15 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
   for (const auto& [s, by_point] : points)
     for (const auto& [pt, p] : by_point)
       if (p.ms < best[s].ms) best[s] = p;
-  // A tile narrower than 256 replaces the 256-wide one only when it beats its best point by
-  // kNarrowTileGain: closer is noise (Mixtral EP 4 x TP 2 layer 1 at 4096 tokens "won" at 192 by
-  // 0.01 % in run 37's sweep and then ran 15 % slower in the validation).
-  constexpr double kNarrowTileGain = 0.97;
+  // A tile narrower than 256 replaces the 256-wide one only when it beats its best point by kMeasuredGain.
   for (auto& [s, b] : best) {
     if (b.v.tile_n == 256) continue;
     const Best* wide = nullptr;
     for (const auto& [pt, p] : points[s])
       if (pt.first == 256 && (!wide || p.ms < wide->ms)) wide = &p;
-    if (wide && b.ms >= kNarrowTileGain * wide->ms) b = *wide;
+    if (wide && b.ms >= kMeasuredGain * wide->ms) b = *wide;
   }
-  // The sequential mode runs its GEMM alone, so its width is the one whose GEMM-alone runs are the
-  // fastest against cuBLAS (gemm_width_runs.hpp), under the same 3 % rule. Its time at that width: the
-  // measured sequential-mode point scaled by the two widths' ratios. It replaces a sequential-mode pick of
-  // another width, and a fused pick it beats by 3 % (a fused split at a narrower width is not predicted).
-  for (auto& [s, b] : best) {
-    const auto it = widths.find(s);
-    if (it == widths.end()) continue;
-    const auto pick = tune_tool::width_pick(it->second, kNarrowTileGain);
-    const Best* seq = nullptr;  // the fastest sequential-mode point at a width the runs measured
-    for (const auto& [pt, p] : points[s])
-      if (pt.second == 0 && it->second.count(pt.first) && (!seq || p.ms < seq->ms)) seq = &p;
-    if (!pick || !seq) continue;
-    const double ms = seq->ms * it->second.at(*pick) / it->second.at(seq->v.tile_n);
-    if (b.v.n_comm == 0 ? *pick == b.v.tile_n : ms >= kNarrowTileGain * b.ms) continue;
-    std::printf("  %-78s n_comm %d tile %d %.3f ms -> n_comm 0 tile %d %.3f ms (GEMM alone / cuBLAS %.3f -> %.3f)\n",
-                s.c_str(), b.v.n_comm, b.v.tile_n, b.ms, *pick, ms, it->second.at(seq->v.tile_n), it->second.at(*pick));
-    b.v.tile_n = *pick, b.v.n_comm = 0, b.ms = ms;
-  }
+  for (auto& [s, b] : best) apply_width(s, b, points[s], widths);
   // 128x128 and 128x192 tiles' rates against 128x256 at equal padding, from cases measured with both.
   std::map<std::string, std::map<int, std::vector<double>>> tile_eff;  // gpu|link -> tile_n -> ratios
   for (const auto& [mk, cases] : gemm_by_tile)
@@ -321,33 +389,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
         const double pad = double((n + t - 1) / t * t) / double((n + 255) / 256 * 256);
         tile_eff[mk][t].push_back(by_tile.at(256).value("median_ms", 0.0) / rt.value("median_ms", 1.0) * pad);
       }
-  // Where the sequential schedule won, its GEMM is the fastest standalone one measured for the case when
-  // that beats ours by kStandaloneGain (less is noise: the sequential point was timed with ours). Ours at
-  // the pick's width: from the runs at that width, else from a run at another width scaled by the GEMM
-  // runs' ratios (--gemm-runs), else no comparison.
-  constexpr double kStandaloneGain = 0.97;
-  for (auto& [s, b] : best) {
-    const auto it = standalone.find(s);
-    if (b.v.n_comm != 0 || it == standalone.end()) continue;
-    const auto w = widths.find(s);
-    const std::map<StandaloneGemm, double>* run = nullptr;
-    double scale = 1;
-    for (const auto& [tile, times] : it->second) {
-      if (!times.count(StandaloneGemm::comet)) continue;
-      if (tile == b.v.tile_n) {
-        run = &times, scale = 1;
-        break;
-      }
-      if (w != widths.end() && w->second.count(tile) && w->second.count(b.v.tile_n))
-        run = &times, scale = w->second.at(b.v.tile_n) / w->second.at(tile);
-    }
-    if (!run) continue;
-    const double ours = run->at(StandaloneGemm::comet) * scale;
-    const auto fastest = std::min_element(run->begin(), run->end(),
-                                          [](const auto& x, const auto& y) { return x.second < y.second; });
-    if (fastest->first != StandaloneGemm::comet && fastest->second < kStandaloneGain * ours)
-      b.v.standalone_gemm = fastest->first;
-  }
+  for (auto& [s, b] : best) apply_standalone(s, b, standalone, widths);
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});
     const bool ours = b.v.standalone_gemm == StandaloneGemm::comet;
@@ -538,7 +580,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
                            " | --from-results JSON... [--tile-runs JSON...] [--gemm-runs JSON...] [--standalone-runs JSON...]"
-                           " [--entries-only] [--transport T])"
+                           " [--entries-only] [--transport T] | --gemm-runs JSON... | --standalone-runs JSON...)"
                            " [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
@@ -575,7 +617,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!a.model.empty()) a.results.push_back(measure(a));
-    if (a.results.empty()) throw InvalidArgument("comet-tune: nothing to do (--model or --from-results)");
+    const bool refine = a.results.empty() && (!a.gemm_runs.empty() || !a.standalone_runs.empty());
+    if (a.results.empty() && !refine)
+      throw InvalidArgument("comet-tune: nothing to do (--model, --from-results, --gemm-runs or --standalone-runs)");
     std::vector<json> records;
     for (const auto& p : a.results) {
       auto r = read_records(p);
@@ -587,11 +631,11 @@ int main(int argc, char** argv) {
           r["tile_run_only"] = true;
           records.push_back(r);
         }
+    std::map<std::string, TuneKey> keys;  // the keys the GEMM runs cover
+    std::map<std::string, StandaloneRuns> standalone;
     for (const auto& p : a.standalone_runs)
-      for (json& r : read_records(p)) {
-        const std::string mode = r.value("mode", "");
-        if (mode.rfind("gemm_", 0) == 0 && mode != "gemm_only") records.push_back(std::move(r));
-      }
+      for (json& r : read_records(p))
+        if (of_transport(r, a) && add_standalone(r, sms_of(r, a.sms), standalone, keys)) records.push_back(std::move(r));
     std::vector<tune_tool::GemmRecord> gemm_records;
     for (size_t f = 0; f < a.gemm_runs.size(); ++f)
       for (json& r : read_records(a.gemm_runs[f])) gemm_records.push_back({int(f), std::move(r)});
@@ -599,11 +643,17 @@ int main(int argc, char** argv) {
       if (launch_of(r) < 0 || !of_transport(r, a)) return std::nullopt;
       TuneKey k = key_of(r, sms_of(r, a.sms));
       k.load = 1;  // uniform routing, as the sweeps' keys
+      keys.emplace(k.str(), k);
       return k.str();
     });
     TuneTable table = TuneTable::load(a.table);
-    std::printf("comet-tune: %zu records -> %s\n", records.size(), a.table.c_str());
-    fill_from_results(records, a, widths, table);
+    if (refine) {
+      std::printf("comet-tune: the sequential-mode entries of %s that the GEMM runs cover\n", a.table.c_str());
+      refine_entries(keys, standalone, widths, table);
+    } else {
+      std::printf("comet-tune: %zu records -> %s\n", records.size(), a.table.c_str());
+      fill_from_results(records, a, widths, table);
+    }
     table.save(a.table);
     std::printf("comet-tune: table holds %zu entries\n", table.size());
   } catch (const std::exception& e) {

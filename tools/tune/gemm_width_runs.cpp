@@ -13,7 +13,10 @@ WidthRatios width_ratios(const std::vector<GemmRecord>& records,
     const nlohmann::json& r = g.record;
     if (!r.value("paired", false) || r.value("routing", "") != "uniform") continue;
     const std::string system = r.value("system", "");
-    const bool ours = system == "comet" && r.value("mode", "") == "gemm_only";
+    // gemm_only times the GEMM the planner would run alone: a table's standalone pick (picked_by names
+    // it) is CUTLASS's, not our kernel at the run's width.
+    const bool ours =
+        system == "comet" && r.value("mode", "") == "gemm_only" && r.value("picked_by", "comet") == "comet";
     if (!ours && system != "cublas") continue;
     const auto key = key_of(r);
     if (!key) continue;

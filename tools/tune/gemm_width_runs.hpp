@@ -21,7 +21,8 @@ namespace comet::tune_tool {
 
 // Per key (the caller's key string of a record), per tile width: our GEMM-alone time over cuBLAS's in the
 // same run (median over the runs that measured the width). Records other than the paired gemm_only and
-// cuBLAS ones are ignored; `file` tells records of separate runs apart.
+// cuBLAS ones are ignored, and so are gemm_only records that timed a standalone GEMM the table picked
+// (picked_by other than comet); `file` tells records of separate runs apart.
 struct GemmRecord {
   int file = 0;
   nlohmann::json record;

@@ -224,7 +224,7 @@ constexpr double kMeasuredGain = 0.97;
 
 // A gemm_<name> record into `runs` (its key's, uniform routing); false for other records.
 bool add_standalone(const json& r, int sms, std::map<std::string, StandaloneRuns>& runs,
-                    std::map<std::string, TuneKey>& keys) {
+                    std::map<std::string, TuneKey>* keys = nullptr) {
   const std::string mode = r.value("mode", "");
   if (r.value("system", "") != "comet" || mode.rfind("gemm_", 0) != 0 || mode == "gemm_only") return false;
   const auto g = standalone_gemm_named(mode.substr(5));
@@ -232,7 +232,7 @@ bool add_standalone(const json& r, int sms, std::map<std::string, StandaloneRuns
   TuneKey k = key_of(r, sms);
   k.load = 1;
   runs[k.str()][r.value("tile_n", 256)][*g] = r.value("median_ms", 1e30);
-  keys.emplace(k.str(), k);
+  if (keys) keys->emplace(k.str(), k);
   return true;
 }
 
@@ -252,7 +252,8 @@ void apply_width(const std::string& s, Best& b, const Points& sweep, const tune_
   const double ms = seq->ms * it->second.at(*pick) / it->second.at(seq->v.tile_n);
   if (b.v.n_comm == 0 ? *pick == b.v.tile_n : ms >= kMeasuredGain * b.ms) return;
   std::printf("  %-78s n_comm %d tile %d %.3f ms -> n_comm 0 tile %d %.3f ms (GEMM alone / cuBLAS %.3f -> %.3f)\n",
-              s.c_str(), b.v.n_comm, b.v.tile_n, b.ms, *pick, ms, it->second.at(seq->v.tile_n), it->second.at(*pick));
+              s.c_str(), b.v.n_comm, b.v.tile_n, b.ms, *pick, ms, it->second.at(seq->v.tile_n),
+              it->second.at(*pick));
   b.v.tile_n = *pick, b.v.n_comm = 0, b.ms = ms;
 }
 
@@ -287,8 +288,9 @@ void apply_standalone(const std::string& s, Best& b, const std::map<std::string,
 // --gemm-runs / --standalone-runs without --from-results: the table's own sequential-mode entries take the
 // width and the standalone GEMM those runs favour (the rules above, with the entry as the sweep's one
 // point). Fused entries stay (no sequential-mode time to scale), as do keys the runs do not cover.
-void refine_entries(const std::map<std::string, TuneKey>& keys, const std::map<std::string, StandaloneRuns>& standalone,
-                    const tune_tool::WidthRatios& widths, TuneTable& table) {
+void refine_entries(const std::map<std::string, TuneKey>& keys,
+                    const std::map<std::string, StandaloneRuns>& standalone, const tune_tool::WidthRatios& widths,
+                    TuneTable& table) {
   for (const auto& [s, k] : keys) {
     const TuneEntry* e = table.find(k);
     if (!e || e->variant.n_comm != 0) continue;
@@ -311,7 +313,6 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
   std::map<std::string, std::vector<double>> gemm_rate, fp8_rate, link;  // by gpu|link
   std::map<std::string, std::vector<json>> comm_runs;
   std::map<std::string, StandaloneRuns> standalone;
-  std::map<std::string, TuneKey> standalone_keys;
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
   // A fused record's time at its (tile, n_comm) under key k; a later record replaces an earlier one.
@@ -336,7 +337,7 @@ void fill_from_results(const std::vector<json>& records, const Args& a, const tu
     const std::string mode = r.value("mode", "");
     const int sms = sms_of(r, a.sms);
     if (mode.rfind("gemm_", 0) == 0 && mode != "gemm_only") {
-      add_standalone(r, sms, standalone, standalone_keys);
+      add_standalone(r, sms, standalone);
       continue;
     }
     const std::string model_key = gpu + '|' + lk;
@@ -579,8 +580,9 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
-                           " | --from-results JSON... [--tile-runs JSON...] [--gemm-runs JSON...] [--standalone-runs JSON...]"
-                           " [--entries-only] [--transport T] | --gemm-runs JSON... | --standalone-runs JSON...)"
+                           " | --from-results JSON... [--tile-runs JSON...] [--gemm-runs JSON...]"
+                           " [--standalone-runs JSON...] [--entries-only] [--transport T]"
+                           " | --gemm-runs JSON... | --standalone-runs JSON...)"
                            " [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
@@ -635,7 +637,8 @@ int main(int argc, char** argv) {
     std::map<std::string, StandaloneRuns> standalone;
     for (const auto& p : a.standalone_runs)
       for (json& r : read_records(p))
-        if (of_transport(r, a) && add_standalone(r, sms_of(r, a.sms), standalone, keys)) records.push_back(std::move(r));
+        if (of_transport(r, a) && add_standalone(r, sms_of(r, a.sms), standalone, &keys))
+          records.push_back(std::move(r));
     std::vector<tune_tool::GemmRecord> gemm_records;
     for (size_t f = 0; f < a.gemm_runs.size(); ++f)
       for (json& r : read_records(a.gemm_runs[f])) gemm_records.push_back({int(f), std::move(r)});

@@ -320,8 +320,7 @@ int main(int argc, char** argv) {
       for (json& r : read_records(a.gemm_runs[f])) gemm_records.push_back({int(f), std::move(r)});
     const auto widths = tune_tool::width_ratios(gemm_records, [&](const json& r) -> std::optional<std::string> {
       if (launch_of(r) < 0 || !of_transport(r, a.transport)) return std::nullopt;
-      TuneKey k = key_of(r, sms_of(r, a.sms));
-      k.load = 1;  // uniform routing, as the sweeps' keys
+      const TuneKey k = uniform_key_of(r, sms_of(r, a.sms));
       keys.emplace(k.str(), k);
       return k.str();
     });

@@ -114,8 +114,7 @@ bool add_standalone(const json& r, int sms, std::map<std::string, StandaloneRuns
   if (r.value("system", "") != "comet" || mode.rfind("gemm_", 0) != 0 || mode == "gemm_only") return false;
   const auto g = standalone_gemm_named(mode.substr(5));
   if (!g || launch_of(r) < 0) return false;
-  TuneKey k = key_of(r, sms);
-  k.load = 1;
+  const TuneKey k = uniform_key_of(r, sms);
   runs[k.str()][r.value("tile_n", 256)][*g] = r.value("median_ms", 1e30);
   if (keys) keys->emplace(k.str(), k);
   return true;
@@ -197,8 +196,7 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
       comm_runs[model_key].push_back(r);
     }
     if (mode != "fused" || r.value("tuned", false)) continue;
-    TuneKey k = key_of(r, sms);
-    k.load = 1;  // uniform routing is class 1 by definition
+    const TuneKey k = uniform_key_of(r, sms);
     add_point(k, r);
   }
   // Each key's fastest measured point; a point (tile, n_comm) measured again in a later record (a

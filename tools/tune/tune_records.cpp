@@ -77,6 +77,12 @@ TuneKey key_of(const json& r, int sms) {
   return k;
 }
 
+TuneKey uniform_key_of(const json& r, int sms) {
+  TuneKey k = key_of(r, sms);
+  k.load = 1;  // uniform routing is class 1 by definition
+  return k;
+}
+
 // The work the cost model sees for a record: expected from the key (uniform routing), or, with
 // `measured`, from the rows and link rows the record counted on rank 0 (what a pick made on the device
 // from the plan would see; local units taken as an even 1/(W-1) of the remote ones).

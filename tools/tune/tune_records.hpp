@@ -22,6 +22,8 @@ Link link_of(const nlohmann::json& r);
 bool of_transport(const nlohmann::json& r, const std::string& transport);
 int launch_of(const nlohmann::json& r);  // "l0".."l3" -> 0..3; -1 for whole-layer records (fwd, bwd, ...)
 TuneKey key_of(const nlohmann::json& r, int sms);
+// key_of at load class 1: the key of a record measured under uniform routing, whatever rows it counted.
+TuneKey uniform_key_of(const nlohmann::json& r, int sms);
 // The work the cost model sees for a record: expected under uniform routing, or, with `measured`, from
 // the rows and link rows the record counted.
 LayerWork work_of(const nlohmann::json& r, bool measured = false);

@@ -39,6 +39,10 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            sequential schedule's GEMM launch): records of modes gemm_comet, gemm_grouped
                            and gemm_grouped_cooperative (CUTLASS's grouped GEMMs) beside gemm_only (the
                            planner's pick, named in picked_by), for l1-l3 and for dgrad
+  --one-launch-ab          with --paired, where a tuned layer takes the sequential schedule with our
+                           GEMM: also that schedule the other way (one launch <-> a communication and a
+                           GEMM launch, LayerRequest::one_launch), in the same rotation as the tuned run and
+                           the baseline (l0, l1, fwd): records of mode ab_one_launch_on / _off
   --wgrad-kernel NAME      the GEMM comet's backward makes its weight gradients with: auto (the
                            planner's rule), persistent, grouped or grouped_cooperative (default: auto);
                            either way "wgrad comet" records time each: the persistent kernel (mode
@@ -207,6 +211,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.fused_activation_grad = true;
     } else if (a == "--standalone-gemms") {
       o.standalone_gemms = true;
+    } else if (a == "--one-launch-ab") {
+      o.one_launch_ab = true;
     } else if (a == "--wgrad-kernel") {
       const std::string name = value();
       const std::optional<WeightGradKernel> k = weight_grad_kernel_named(name);

@@ -21,6 +21,7 @@ struct BenchOptions {
   int chunk_comm_blocks = 16;
   bool fused_activation_grad = false;  // also time comet's backward with BackwardOptions::fused_activation
   bool standalone_gemms = false;  // records of every standalone GEMM (StandaloneGemm) of layers 1-3
+  bool one_launch_ab = false;  // --paired: also the tuned layer 1 / forward with LayerRequest::one_launch flipped
   WeightGradKernel wgrad_kernel = WeightGradKernel::automatic;  // BackwardOptions::weight_grad_kernel of comet's backward
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;

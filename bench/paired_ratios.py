@@ -1,6 +1,8 @@
 """Sequential / comet ratios of the paired records (timed in rotation) of comet-bench results, per layer:
 median, lowest, and the cases below 1.00 (ratio > 1: comet faster). Also the paired GEMM-alone records,
-cuBLAS time / comet time, for l0 and l1.
+cuBLAS time / comet time, for l0 and l1. With records of comet-bench --one-launch-ab (modes
+ab_one_launch_on / _off, timed in the same rotation as the tuned run and the baseline): the other
+setting's time / the tuned run's, and sequential / the other setting.
 
     python3 bench/paired_ratios.py RESULTS.json [...] [--layers l0,l1,fwd,bwd,fwd+bwd] [--list]
 """
@@ -21,7 +23,7 @@ def main(argv):
             layers = next(it).split(",")
         else:
             paths.append(a)
-    runs, gemms = defaultdict(dict), defaultdict(dict)
+    runs, gemms, alts = defaultdict(dict), defaultdict(dict), defaultdict(dict)
     for r in load(paths):
         if not r.get("paired"):
             continue
@@ -30,10 +32,17 @@ def main(argv):
             gemms[key]["comet"] = r["median_ms"]
         elif r["system"] == "cublas":
             gemms[key]["cublas"] = r["median_ms"]
+        elif r["system"] == "comet" and r.get("mode", "").startswith("ab_"):
+            alts[key][r["mode"]] = r["median_ms"]
         elif r["system"] == "sequential" or (r["system"] == "comet" and r.get("mode") == "fused"):
             runs[key][r["system"]] = r["median_ms"]
-    for title, table, num, den in (("sequential / comet", runs, "sequential", "comet"),
-                                   ("GEMM alone, cuBLAS / comet", gemms, "cublas", "comet")):
+    tables = [("sequential / comet", runs, "sequential", "comet"),
+              ("GEMM alone, cuBLAS / comet", gemms, "cublas", "comet")]
+    for mode in sorted({m for v in alts.values() for m in v}):
+        other = {k: {"other": v[mode], **runs[k]} for k, v in alts.items() if mode in v}
+        tables += [(f"{mode}: other / tuned", other, "other", "comet"),
+                   (f"{mode}: sequential / other", other, "sequential", "other")]
+    for title, table, num, den in tables:
         for link in sorted({k[2] for k in table}):
             for layer in layers:
                 rows = [(k, v[num] / v[den]) for k, v in sorted(table.items())

@@ -63,6 +63,12 @@ inline LayerRequest with_standalone(LayerRequest r, StandaloneGemm gemm) {
   return r;
 }
 
+// The request with a combine launch's sequential schedule in one launch (true) or two (false).
+inline LayerRequest with_one_launch(LayerRequest r, bool one_launch) {
+  r.one_launch = one_launch;
+  return r;
+}
+
 // ||a - b|| / ||b|| (returns +inf if a has a NaN).
 double relative_error(const std::vector<float>& a, const std::vector<float>& b);
 

@@ -73,6 +73,10 @@ struct LayerRequest {
   std::optional<int> m_group;  // M-tiles per rasterisation group, >= 1
   std::optional<int> n_group;  // layer 1: column blocks shipped together, >= 1
   std::optional<StandaloneGemm> standalone_gemm;  // where the launch has a replaceable standalone GEMM (above)
+  // The sequential schedule with our GEMM: in one launch (true) or as a communication launch and a GEMM
+  // launch (false); empty: MoeOptions::one_launch_sequential. The same bits either way
+  // (LaunchDecision::one_launch).
+  std::optional<bool> one_launch;
 
   // tile and comm blocks fixed, the rest the planner's.
   static LayerRequest forced(int tile_n, int n_comm) {
@@ -112,6 +116,14 @@ struct LaunchDecision {
   int resident_blocks = 0;  // the tile's resident grid on this device: comm + compute blocks
   bool adaptive = false;   // the kernel may re-pick n_comm from the batch's plan (adaptive split)
   StandaloneGemm standalone_gemm = StandaloneGemm::comet;  // the GEMM of a gemm_only or sequential launch
+  // The sequential schedule with our GEMM, run as one launch, so that no launch boundary drains the GPU
+  // between the communication and the GEMM. A pull launch (layers 0 and 2, bf16, W > 1): every block
+  // pulls its share of the remote rows, then computes tiles as their rows land (in arrival order). A
+  // combine launch (layers 1 and 3): every block computes its tiles, then takes batches of the combine
+  // from a shared counter, so the blocks that have no tile in the GEMM's last wave ship finished columns
+  // while that wave runs. The rows, tiles, items and sums are the two-launch schedule's, so the bits
+  // are too.
+  bool one_launch = false;
   const char* picked_by = "";  // "forced", "table", "cost_model"
 };
 

@@ -34,10 +34,13 @@ constexpr int kCombineSliceBytes = 512;  // 256 columns of bf16: 32 lanes x 16 b
 // Called by every thread of a comm block. wait_done = false skips the flag waits (comm-only timing).
 // The launcher checks that smem_bytes holds at least k slices x 2 per warp. The transport
 // (transport.cuh) ships each partial slice to its owner.
+// Batches: warp w of the n_comm blocks' warps takes w, w + warps, ... (a fixed share), or, with
+// take_shared (c.batch_counter), the next untaken one from the counter each time (blocks that arrive
+// early take more). Which warp sums an item never changes its sum.
 template <class Transport = PeerTransport>
 __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, int n_comm, Epoch epoch,
                                         bool wait_done, char* smem, int smem_bytes, const TeamDeviceView& team,
-                                        Transport tr = {}) {
+                                        Transport tr = {}, bool take_shared = false) {
   constexpr int kChunk = 256;  // columns per item
   const int k = c.topk;
   const int slices = min(kCombineSlices, smem_bytes / (int(blockDim.x / 32) * 2 * kCombineSliceBytes));
@@ -177,20 +180,43 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     }
   };
 
-  // Batches warp_id, warp_id + n_warps, ...: two in flight (double buffer), the metadata of a third
-  // loading.
-  long long t = warp_id;
-  if (t >= n_batches) return;
+  // The warp's batches in the order it takes them: a fixed share, or the shared counter's next. A warp
+  // takes until it is given one past the end (exactly once), then counts itself done; the last warp
+  // done resets the counter for the next launch (the whole grid has taken its last batch by then).
+  int32_t* const counter = take_shared ? c.batch_counter : nullptr;
+  auto take = [&](long long after) -> long long {
+    if (!counter) return after < 0 ? warp_id : after + n_warps;
+    int got = 0;
+    if (lane == 0) got = atomicAdd(counter, 1);
+    return __shfl_sync(0xffffffffu, got, 0);
+  };
+  auto done_taking = [&] {
+    if (!counter || lane != 0) return;
+    __threadfence();  // this warp's last take is ordered before its count
+    if (atomicAdd(counter + 1, 1) == n_warps - 1) {
+      atomicExch(counter, 0);
+      atomicExch(counter + 1, 0);
+    }
+  };
+
+  // Two batches in flight (double buffer), the metadata of a third loading.
+  const long long t = take(-1);
+  if (t >= n_batches) {
+    done_taking();
+    return;
+  }
   tr.begin_combine(warp_id);
   Batch current = issue(fetch(t), 0);
+  long long next = take(t);
   Meta ahead;
-  if (t + n_warps < n_batches) ahead = fetch(t + n_warps);
+  if (next < n_batches) ahead = fetch(next);
   for (int buf = 0;; buf ^= 1) {
-    const long long next = t + n_warps;
     Batch upcoming;
+    long long after = n_batches;
     if (next < n_batches) {
       upcoming = issue(ahead, buf ^ 1);
-      if (next + n_warps < n_batches) ahead = fetch(next + n_warps);
+      after = take(next);
+      if (after < n_batches) ahead = fetch(after);
       dev::cp_async_wait<1>();  // the current batch's copies are done; the next one's stay in flight
     } else {
       dev::cp_async_wait<0>();
@@ -198,8 +224,9 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     finish(current, buf);
     if (next >= n_batches) break;
     current = upcoming;
-    t = next;
+    next = after;
   }
+  done_taking();
   tr.end_combine();
 }
 

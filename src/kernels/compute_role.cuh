@@ -19,6 +19,7 @@
 
 #include "kernels/gemm_config.cuh"
 #include "ptx/barrier.cuh"
+#include "ptx/bulk_copy.cuh"
 
 namespace comet::kernels {
 
@@ -123,6 +124,19 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
       }
       hooks.epilogue(acc, tile, mma_thread, storage.epilogue_staging);
     }
+  }
+}
+
+// After run_compute_role in every thread of the block and a __syncthreads: one thread ends the
+// pipeline's mbarriers, so that a role that runs next in the same block may reuse shared memory
+// (layer1_kernel's one launch). The pipeline's storage is its full and empty barriers, 8 bytes each.
+template <class Cfg>
+__device__ void end_compute_role(char* smem) {
+  auto& storage = *reinterpret_cast<typename Cfg::SharedStorage*>(smem);
+  static_assert(sizeof(storage.pipeline) % sizeof(uint64_t) == 0, "the pipeline's storage is its mbarriers");
+  if (threadIdx.x == 0) {
+    auto* bars = reinterpret_cast<uint64_t*>(&storage.pipeline);
+    for (size_t i = 0; i < sizeof(storage.pipeline) / sizeof(uint64_t); ++i) dev::mbarrier_inval(bars + i);
   }
 }
 

@@ -59,7 +59,7 @@ std::string layer0_can_implement(const DispatchArgs& d, int n, int experts, cons
   // The comm blocks stage rows in the GEMM's shared memory: a pipeline needs two stages (one row
   // loading while the other is stored). Warp issuers (NVSHMEM gets) stage nothing.
   const int stages = dispatch::row_stages(Cfg::kSharedBytes, d.hidden);
-  if (!Transport::kWarpPulls && split.n_comm > 0 && stages < 2)
+  if (!Transport::kWarpPulls && (split.n_comm > 0 || split.one_launch) && stages < 2)
     return detail::concat("fused layer 0: rows of ", d.hidden, " values leave ", stages,
                           " bulk-copy stages in shared memory, the comm blocks need 2");
   if (d.store_lag != 1 && d.store_lag != 2 && d.store_lag != 4 && d.store_lag != dispatch::kMaxStoreLag)
@@ -80,7 +80,7 @@ std::string layer0_can_implement(const Layer0Launch& l, const KernelSplit& split
 template <class Cfg>
 std::string layer1_can_implement(int topk, int k, int experts, const KernelSplit& split) {
   // The combine stages k row slices per warp, twice, in the GEMM's shared memory.
-  if (split.n_comm > 0 && Cfg::kSharedBytes < Cfg::kThreads / 32 * 2 * kCombineSliceBytes * topk)
+  if ((split.n_comm > 0 || split.one_launch) && Cfg::kSharedBytes < Cfg::kThreads / 32 * 2 * kCombineSliceBytes * topk)
     return detail::concat("fused layer 1: top-", topk, " needs more shared memory for the combine than the tile leaves");
   if (k % 8 != 0 || experts <= 0)
     return detail::concat("fused layer 1: K (", k, ") must be a multiple of 8, experts > 0");

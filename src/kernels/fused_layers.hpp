@@ -48,6 +48,9 @@ struct GridSplit {
   int m_group = 16;
   int n_group = 1;                 // layer 1: column blocks shipped together
   Mode mode = Mode::fused;
+  // Layer 1's kernel, fused mode without comm blocks: every block of the resident grid computes its
+  // tiles, then combines (LaunchDecision::one_launch).
+  bool one_launch = false;
   TeamDeviceView team;
 };
 

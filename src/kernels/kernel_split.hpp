@@ -17,6 +17,7 @@ struct KernelSplit {
   int n_group;
   int smem_bytes;
   bool waits;  // fused: compute waits for arrivals (layer 0) / comm waits for finished tiles (layer 1)
+  bool one_launch;  // layer 1: every block computes its tiles, then combines (n_comm 0, n_compute the grid)
   TeamDeviceView team;
 };
 
@@ -31,6 +32,7 @@ inline KernelSplit kernel_split(const GridSplit& s, const LaunchLimits& lim, int
   k.n_group = s.n_group;
   k.smem_bytes = smem_bytes;
   k.waits = s.mode == Mode::fused;
+  k.one_launch = s.one_launch && s.mode == Mode::fused && k.n_comm == 0;
   k.team = s.team;
   return k;
 }

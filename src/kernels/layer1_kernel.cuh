@@ -6,6 +6,9 @@
 //                                Y's rows and releases tile_done[m * n_blocks + n] = epoch.
 // n_comm is the host's, or, with an adaptive split, the one every block derives from the plan's counts
 // at kernel start (adaptive_split.hpp).
+// One launch (split.one_launch, the sequential schedule): no comm blocks; every block is a compute block
+// first and a comm block after its last tile, taking combine batches from a shared counter. All blocks
+// are resident and a compute block never waits, so every tile a combine waits on gets made.
 #pragma once
 
 #include "kernels/combine_role.cuh"
@@ -70,22 +73,40 @@ struct Layer1Hooks {
   }
 };
 
+// The compute role moves registers from the producer warp group to the consumers (setmaxnreg 40 / 232,
+// compute_role.cuh); a role that runs in every warp after it needs the kernel's even share back:
+// 168 = 65536 / 384 threads, rounded down to setmaxnreg's multiple of 8 (what ptxas allocates here).
+constexpr int kEvenShareRegs = 168;
+__device__ __forceinline__ void restore_even_registers() {
+  if (threadIdx.x / 128 == 0) cutlass::arch::warpgroup_reg_alloc<kEvenShareRegs>();
+  else cutlass::arch::warpgroup_reg_dealloc<kEvenShareRegs>();
+}
+
 template <class Cfg, class Transport = PeerTransport>
 __global__ void __launch_bounds__(Cfg::kThreads, 1)
     layer1_kernel(const __grid_constant__ Layer1Params<Cfg, Transport> p) {
   extern __shared__ __align__(1024) char smem[];
   const Epoch epoch = *p.split.epoch;
-  const int n_comm = adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, gridDim.x);
+  const bool one_launch = p.split.one_launch;
+  const int n_comm = one_launch ? 0 : adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
-  if (int(blockIdx.x) < n_comm) {
-    run_combine_role<Transport>(p.combine, blockIdx.x, n_comm, epoch, p.split.waits, smem, p.split.smem_bytes,
-                                p.split.team, p.transport);
-    return;
+  if (int(blockIdx.x) >= n_comm) {  // one call site of the compute role (see layer0_kernel)
+    const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
+    const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
+    Layer1Hooks<Cfg, Transport> hooks{p, epoch, n_blocks};
+    run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
+    if (!one_launch) return;
+    static_assert(Cfg::kThreads == 384, "the even register share assumes one producer and two consumer warp groups");
+    // Every warp is past its last tile: the pipeline's stages are drained (load_tail), so the combine may
+    // reuse their memory once the pipeline's barriers are ended, and each warp group changes its
+    // registers together (setmaxnreg is aligned).
+    __syncthreads();
+    end_compute_role<Cfg>(smem);
+    restore_even_registers();
+    __syncthreads();
   }
-  const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
-  const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
-  Layer1Hooks<Cfg, Transport> hooks{p, epoch, n_blocks};
-  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
+  run_combine_role<Transport>(p.combine, blockIdx.x, one_launch ? gridDim.x : n_comm, epoch, p.split.waits, smem,
+                              p.split.smem_bytes, p.split.team, p.transport, /*take_shared=*/one_launch);
 }
 
 }  // namespace comet::kernels

@@ -73,6 +73,10 @@ struct CombineArgs {
   // Mean slots a unit has on this rank (k / ep over the tokens that have one here; 0: every slot, as
   // in TP): the combine sizes its batches by it (combine_role.cuh).
   float expected_slots = 0.f;
+  // [2] (layer_sync.hpp: combine_batches): with it, the combine's warps take batches from a shared
+  // counter instead of a fixed share (the one-launch sequential schedule: a block starts its combine
+  // when its last tile is done, so a fixed share would wait for the last wave's blocks); null: fixed.
+  int32_t* batch_counter = nullptr;
 };
 
 }  // namespace comet::kernels

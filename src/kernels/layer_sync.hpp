@@ -12,6 +12,8 @@
 //                                       (compute blocks release it; comm blocks wait on it)
 //   tile_arrived  [max_tiles]  (int32)  layer 0: remote rows of M-tile m landed in this call
 //                                       (comm blocks count them; the last one resets it to 0)
+//   combine_batches [2]        (int32)  layer 1 in one launch: [0] combine batches taken, [1] warps
+//                                       done taking; the last warp done resets both to 0
 #pragma once
 
 #include <cstddef>
@@ -26,11 +28,13 @@ struct LayerSync {
   Epoch* tile_ready = nullptr;
   Epoch* tile_done = nullptr;
   int32_t* tile_arrived = nullptr;
+  int32_t* combine_batches = nullptr;
 
   // Bytes for a rank whose gathered buffer holds max_tiles M-tiles and whose layer-1 GEMM has at most
   // max_n_blocks column blocks.
   static size_t bytes(int max_tiles, int max_n_blocks) {
-    return sizeof(Epoch) * (1 + size_t(max_tiles) + size_t(max_tiles) * max_n_blocks) + sizeof(int32_t) * max_tiles;
+    return sizeof(Epoch) * (1 + size_t(max_tiles) + size_t(max_tiles) * max_n_blocks) +
+           sizeof(int32_t) * (size_t(max_tiles) + 2);
   }
   // The flags laid out in one zeroed, 8-byte aligned allocation of bytes() bytes.
   static LayerSync carve(void* base, int max_tiles, int max_n_blocks) {
@@ -39,6 +43,7 @@ struct LayerSync {
     s.tile_ready = s.epoch + 1;
     s.tile_done = s.tile_ready + max_tiles;
     s.tile_arrived = reinterpret_cast<int32_t*>(s.tile_done + size_t(max_tiles) * max_n_blocks);
+    s.combine_batches = s.tile_arrived + max_tiles;
     return s;
   }
 };

@@ -84,7 +84,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       cap_(cap),
       options_(options),
       planner_(shape, par, team.link(), device_caps(team.device(), options.dtype), load_table(options.tune_table),
-               PlannerPolicy{options.adaptive_split, options.batch_invariant, options.dtype}) {
+               PlannerPolicy{options.adaptive_split, options.batch_invariant, options.dtype,
+                             options.one_launch_sequential}) {
   validate(shape_, par_);
   COMET_REQUIRE(options_.dtype == DType::bf16 || options_.dtype == DType::e4m3, "FusedMoe: unknown dtype ",
                 int(options_.dtype));
@@ -683,7 +684,8 @@ kernels::CombineArgs MoeEngine::combine_args(const RankState& s, int tile_n, Uni
                               units.end,
                               unit_weights,
                               par_.world(),
-                              expected_slots};
+                              expected_slots,
+                              s.sync.combine_batches};  // taken by a one-launch schedule only
 }
 
 kernels::CallFailure MoeEngine::call_failure(const RankState& s) const {

@@ -15,6 +15,11 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t arrivals) 
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(arrivals) : "memory");
 }
 
+// Ends an mbarrier's life, so that its memory may hold something else (PTX requires it before reuse).
+__device__ __forceinline__ void mbarrier_inval(uint64_t* bar) {
+  asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(smem_address(bar)) : "memory");
+}
+
 // Makes initialised mbarriers visible to the async proxy (the bulk-copy engine).
 __device__ __forceinline__ void fence_mbarrier_init() {
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");

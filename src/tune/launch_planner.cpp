@@ -51,7 +51,8 @@ int LaunchPlanner::resident_blocks(int layer, int tile_n) const {
 const PlannedLaunch& LaunchPlanner::plan(int layer, LayerMode mode, int tokens, const LayerRequest& request) const {
   const Key id{layer, int(mode), tokens, request.tile_n.value_or(-1), request.n_comm.value_or(-1),
                request.m_group.value_or(-1), request.n_group.value_or(-1),
-               request.standalone_gemm ? int(*request.standalone_gemm) : -1};
+               request.standalone_gemm ? int(*request.standalone_gemm) : -1,
+               request.one_launch ? int(*request.one_launch) : -1};
   if (const auto it = memo_.find(id); it != memo_.end()) return it->second;
   // A bound on the memo for callers whose token count changes every step (a few kB per entry).
   if (memo_.size() >= 4096) memo_.clear();
@@ -126,6 +127,13 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   // launches that have a plain product, as the fused schedule's is for the comm blocks beside it).
   if (layer != 0 && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
     d.standalone_gemm = v.standalone_gemm;  // the request's, else the table entry's, else ours
+  // The sequential schedule with our GEMM may run as one launch: a pull, then the GEMM, or the GEMM,
+  // then a combine, in the same blocks. CUTLASS's GEMMs are launches of their own; one rank has nothing
+  // to pull; the fp8 layer 0 keeps two launches (not measured in one).
+  const bool pull = comm_kind(layer) == 0;
+  d.one_launch = mode == LayerMode::fused && d.schedule == Schedule::sequential &&
+                 d.standalone_gemm == StandaloneGemm::comet && (!pull || (par_.world() > 1 && dtype == DType::bf16)) &&
+                 request.one_launch.value_or(policy_.one_launch_sequential);
 
   PlannedLaunch p;
   p.decision = d;

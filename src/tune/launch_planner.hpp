@@ -43,6 +43,7 @@ struct PlannerPolicy {
   bool adaptive_split = true;  // the kernel may re-pick n_comm from the batch's plan
   bool batch_invariant = false;  // the tile shape depends on the layer's shape only (not the token count)
   DType layer0_dtype = DType::bf16;  // e4m3: layer 0 runs the fp8 kernel (its own tiles and table keys)
+  bool one_launch_sequential = true;  // the sequential schedule with our GEMM in one launch (LaunchDecision)
 };
 
 class LaunchPlanner {
@@ -79,7 +80,7 @@ class LaunchPlanner {
   TuneTable table_;
   PlannerPolicy policy_;
   // (layer, mode, tokens, tile_n, n_comm, m_group, n_group, standalone_gemm); an empty request field is -1.
-  using Key = std::tuple<int, int, int, int, int, int, int, int>;
+  using Key = std::tuple<int, int, int, int, int, int, int, int, int>;
   mutable std::map<Key, PlannedLaunch> memo_;
   mutable std::map<std::pair<int, int>, int> resident_;  // (layer, tile_n) -> blocks
 };

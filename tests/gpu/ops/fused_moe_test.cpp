@@ -242,6 +242,38 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
     EXPECT_EQ(0, std::memcmp(fused[r].data(), sequential[r].data(), fused[r].size() * sizeof(float))) << "rank " << r;
 }
 
+// The sequential schedule in one launch (layer 0: each block pulls its share, then computes tiles as
+// their rows land; layer 1: each block combines after its last tile, batches taken from a shared
+// counter) against the same schedule as two launches per layer: the same bits, and the reference's, at
+// every tile width; run twice in a row from poisoned buffers, so a counter that did not reset after the
+// first launch would leave NaN rows in the second.
+TEST(FusedMoe, OneLaunchSequentialEqualsTwoLaunchesBitwise) {
+  for (const Case& c : {Case{"ep4_top8_zipf", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
+                        Case{"tp2_gelu_host", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host},
+                        Case{"ep2tp2_one_expert", kSmallSwiglu, {2, 2}, {64, 129, 0, 33}, RoutingKind::one_expert,
+                             Link::device}}) {
+    SCOPED_TRACE(c.name);
+    Harness h(c);
+    for (int tile : {256, 192, 128}) {
+      h.run(with_one_launch(forced(tile, 0), false), with_one_launch(forced(tile, 0), false));
+      const auto two = h.outputs();
+      EXPECT_FALSE(h.moe.last_decision(0, 0).one_launch);
+      EXPECT_FALSE(h.moe.last_decision(0, 1).one_launch);
+      check_outputs(h, two);
+      for (int repeat = 0; repeat < 2; ++repeat) {
+        h.run(with_one_launch(forced(tile, 0), true), with_one_launch(forced(tile, 0), true));
+        EXPECT_TRUE(h.moe.last_decision(0, 0).one_launch);
+        EXPECT_TRUE(h.moe.last_decision(0, 1).one_launch);
+        const auto one = h.outputs();
+        for (size_t r = 0; r < one.size(); ++r)
+          EXPECT_EQ(0, std::memcmp(one[r].data(), two[r].data(), one[r].size() * 4))
+              << "tile " << tile << " repeat " << repeat << " rank " << r;
+      }
+      check_layers(h);
+    }
+  }
+}
+
 // The sequential schedule's layer-1 GEMM from CUTLASS's grouped GEMMs gives our kernel's output bitwise
 // (the same K order in fp32, one rounding to bf16), so the tuner's standalone GEMM never changes a
 // result; partial N (TP 4) and experts without rows included.

@@ -180,15 +180,22 @@ __device__ inline void run_combine_role(const CombineArgs& c, int comm_index, in
     }
   };
 
-  // The warp's batches in the order it takes them: a fixed share, or the shared counter's next. A warp
-  // takes until it is given one past the end (exactly once), then counts itself done; the last warp
-  // done resets the counter for the next launch (the whole grid has taken its last batch by then).
+  // The warp's batches in the order it takes them: a fixed share, or runs of `run` consecutive batches
+  // from the shared counter (one atomic per run: one per batch made the counter a hot spot, top-8 layers
+  // up to 7 % slower on the H100; a run is at most 1/32 of a warp's fair share, so the last runs stay
+  // small against the whole). A warp takes until it is given a batch past the end, then counts itself
+  // done; the last warp done resets the counter for the next launch (every warp's takes are over then).
   int32_t* const counter = take_shared ? c.batch_counter : nullptr;
+  const int run = counter ? int(max(1ll, min(8ll, n_batches / (32ll * n_warps)))) : 1;
+  long long run_end = 0;  // the warp's current run is [.., run_end)
   auto take = [&](long long after) -> long long {
     if (!counter) return after < 0 ? warp_id : after + n_warps;
+    if (after >= 0 && after + 1 < run_end) return after + 1;
     int got = 0;
-    if (lane == 0) got = atomicAdd(counter, 1);
-    return __shfl_sync(0xffffffffu, got, 0);
+    if (lane == 0) got = atomicAdd(counter, run);
+    got = __shfl_sync(0xffffffffu, got, 0);
+    run_end = (long long)got + run;
+    return got;
   };
   auto done_taking = [&] {
     if (!counter || lane != 0) return;

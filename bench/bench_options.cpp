@@ -39,10 +39,10 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            sequential schedule's GEMM launch): records of modes gemm_comet, gemm_grouped
                            and gemm_grouped_cooperative (CUTLASS's grouped GEMMs) beside gemm_only (the
                            planner's pick, named in picked_by), for l1-l3 and for dgrad
-  --one-launch-ab          with --paired, where a tuned layer takes the sequential schedule with our
-                           GEMM: also that schedule the other way (one launch <-> a communication and a
-                           GEMM launch, LayerRequest::one_launch), in the same rotation as the tuned run and
-                           the baseline (l0, l1, fwd): records of mode ab_one_launch_on / _off
+  --one-launch-ab          with --paired, where the tuned layer 1 takes the sequential schedule with our
+                           GEMM: also that schedule the other way (one launch <-> a GEMM launch and a
+                           combine launch, LayerRequest::one_launch), in the same rotation as the tuned
+                           run and the baseline (l1, fwd): records of mode ab_one_launch_on / _off
   --wgrad-kernel NAME      the GEMM comet's backward makes its weight gradients with: auto (the
                            planner's rule), persistent, grouped or grouped_cooperative (default: auto);
                            either way "wgrad comet" records time each: the persistent kernel (mode

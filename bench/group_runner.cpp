@@ -515,6 +515,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     r.m_group = d.m_group;
     r.n_group = d.n_group;
     r.standalone_gemm = d.standalone_gemm;
+    r.one_launch = d.one_launch;
     return r;
   };
   // The whole forward of rank 0: prepare, layer 0, layer 1, final reduce.
@@ -593,21 +594,22 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   if (o_.paired && want_comet && want_seq) {
     // The tuned variants as the tuned records ran them, and the baseline's steps as its records did.
     const LayerRequest r0 = tuned_request(0), r1 = tuned_request(1);
-    // --one-launch-ab: each layer's sequential schedule with our GEMM the other way too (one launch <->
-    // two), in the same rotation as the tuned run and the baseline; the forward with both flipped.
-    auto eligible = [](const LaunchDecision& d) {
-      return d.schedule == Schedule::sequential && d.standalone_gemm == StandaloneGemm::comet;
-    };
-    const LaunchDecision d0 = moe.decision(0, 0, LayerMode::fused, r0), d1 = moe.decision(1, 0, LayerMode::fused, r1);
-    const bool ab0 = o_.one_launch_ab && eligible(d0) && W > 1, ab1 = o_.one_launch_ab && eligible(d1);
-    LayerRequest r0_other = r0, r1_other = r1;
-    if (ab0) r0_other.one_launch = !d0.one_launch;
-    if (ab1) r1_other.one_launch = !d1.one_launch;
-    const char* other_mode = (ab1 ? d1.one_launch : d0.one_launch) ? "ab_one_launch_off" : "ab_one_launch_on";
-    auto retime_ab = [&](const std::string& layer, bool ab, const TimedCall& comet, const TimedCall& other,
+    // --one-launch-ab: layer 1's sequential schedule with our GEMM the other way too (one launch <-> two),
+    // in the same rotation as the tuned run and the baseline (l1, and the forward with it).
+    const LaunchDecision d1 = moe.decision(1, 0, LayerMode::fused, r1);
+    const bool ab =
+        o_.one_launch_ab && d1.schedule == Schedule::sequential && d1.standalone_gemm == StandaloneGemm::comet;
+    LayerRequest r1_other = r1;
+    r1_other.one_launch = !d1.one_launch;
+    const char* other_mode = d1.one_launch ? "ab_one_launch_off" : "ab_one_launch_on";
+    auto retime_ab = [&](const std::string& layer, const TimedCall& comet, const TimedCall& other,
                          const TimedCall& sequential, double flops) {
-      auto tuned_of = [&] { return find_record(out, case_begin, layer, [](const Record& r) { return r.system == "comet" && r.tuned; }); };
-      auto seq_of = [&] { return find_record(out, case_begin, layer, [](const Record& r) { return r.system == "sequential"; }); };
+      auto tuned_of = [&] {
+        return find_record(out, case_begin, layer, [](const Record& r) { return r.system == "comet" && r.tuned; });
+      };
+      auto seq_of = [&] {
+        return find_record(out, case_begin, layer, [](const Record& r) { return r.system == "sequential"; });
+      };
       if (!tuned_of() || !seq_of()) return;
       if (!ab) return retime(*tuned_of(), *seq_of(), comet, sequential, flops, true, case_rows);
       Record alt = *tuned_of();
@@ -617,17 +619,15 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       retime_all({tuned_of(), &out.back(), seq_of()}, {comet, other, sequential}, flops, true, case_rows);
     };
     if (L0)
-      retime_ab("l0", ab0, {[&] { moe.prepare(0); }, [&] { moe.layer0(0, LayerMode::fused, r0); }},
-                {[&] { moe.prepare(0); }, [&] { moe.layer0(0, LayerMode::fused, r0_other); }},
-                {[&] { moe.prepare(0); }, [&] { seq.layer0(0); }}, flops0);
+      retime_pair(out, case_begin, "l0", {[&] { moe.prepare(0); }, [&] { moe.layer0(0, LayerMode::fused, r0); }},
+                  {[&] { moe.prepare(0); }, [&] { seq.layer0(0); }}, flops0, case_rows);
     if (L1)
-      retime_ab("l1", ab1, {[&] { moe.advance_epoch(0); }, [&] { moe.layer1(0, LayerMode::fused, r1); }},
+      retime_ab("l1", {[&] { moe.advance_epoch(0); }, [&] { moe.layer1(0, LayerMode::fused, r1); }},
                 {[&] { moe.advance_epoch(0); }, [&] { moe.layer1(0, LayerMode::fused, r1_other); }},
                 {nullptr, [&] { seq.layer1(0); }}, flops1);
     if (FWD)
-      retime_ab("fwd", ab0 || ab1, {nullptr, [&] { comet_forward(r0, r1); }},
-                {nullptr, [&] { comet_forward(r0_other, r1_other); }}, {nullptr, seq_forward}, flops0 + flops1);
-    const bool ab = ab0 || ab1;
+      retime_ab("fwd", {nullptr, [&] { comet_forward(r0, r1); }},
+                {nullptr, [&] { comet_forward(r0, r1_other); }}, {nullptr, seq_forward}, flops0 + flops1);
     line += ab ? " | paired, one-launch A/B" : " | paired";
   }
   if (o_.paired && want_comet && want_cublas) {

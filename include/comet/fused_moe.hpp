@@ -59,10 +59,6 @@ struct MoeOptions {
   // its counts (src/tune/adaptive_split.hpp has the rule). No host synchronisation; the grid is
   // unchanged; a uniform batch keeps the host's pick. Off: the host's pick for uniform routing always.
   bool adaptive_split = true;
-  // The sequential schedule (n_comm 0) with our GEMM as one launch: the pull then the GEMM, or the GEMM
-  // then the combine, in the same persistent blocks (LaunchDecision::one_launch), forward and backward.
-  // Off: two launches, as the tuner's table entries were measured. The same bits either way.
-  bool one_launch_sequential = true;
   // One token's output must not depend on the batch it came in (the same bits whatever the token count):
   // the tile shape is then chosen from the layer's shape alone, never per token bucket from the table.
   // Results are already independent of n_comm, groups, repeats and the other tokens' routing.

@@ -73,9 +73,9 @@ struct LayerRequest {
   std::optional<int> m_group;  // M-tiles per rasterisation group, >= 1
   std::optional<int> n_group;  // layer 1: column blocks shipped together, >= 1
   std::optional<StandaloneGemm> standalone_gemm;  // where the launch has a replaceable standalone GEMM (above)
-  // The sequential schedule with our GEMM: in one launch (true) or as a communication launch and a GEMM
-  // launch (false); empty: MoeOptions::one_launch_sequential. The same bits either way
-  // (LaunchDecision::one_launch).
+  // A combine launch's (layer 1, the backward of layer 0) sequential schedule with our GEMM in one launch
+  // (true) or as a GEMM launch and a combine launch (false); empty: the tuner's table entry (two launches
+  // where it says nothing). The same bits either way (LaunchDecision::one_launch).
   std::optional<bool> one_launch;
 
   // tile and comm blocks fixed, the rest the planner's.
@@ -97,6 +97,9 @@ struct LayerVariant {
   // With n_comm 0 in layers 1-3: the sequential schedule's GEMM (comet-tune sets it where one of
   // CUTLASS's grouped GEMMs measured faster than ours on the case).
   StandaloneGemm standalone_gemm = StandaloneGemm::comet;
+  // With n_comm 0 and our GEMM in layers 1 and 3: the GEMM and the combine in one launch (comet-tune
+  // sets it where that measured faster than two launches on the case).
+  bool one_launch = false;
 };
 
 // fused:      comm blocks inside the GEMM kernel (n_comm > 0).
@@ -116,13 +119,11 @@ struct LaunchDecision {
   int resident_blocks = 0;  // the tile's resident grid on this device: comm + compute blocks
   bool adaptive = false;   // the kernel may re-pick n_comm from the batch's plan (adaptive split)
   StandaloneGemm standalone_gemm = StandaloneGemm::comet;  // the GEMM of a gemm_only or sequential launch
-  // The sequential schedule with our GEMM, run as one launch, so that no launch boundary drains the GPU
-  // between the communication and the GEMM. A pull launch (layers 0 and 2, bf16, W > 1): every block
-  // pulls its share of the remote rows, then computes tiles as their rows land (in arrival order). A
-  // combine launch (layers 1 and 3): every block computes its tiles, then takes batches of the combine
-  // from a shared counter, so the blocks that have no tile in the GEMM's last wave ship finished columns
-  // while that wave runs. The rows, tiles, items and sums are the two-launch schedule's, so the bits
-  // are too.
+  // A combine launch's (layers 1 and 3) sequential schedule with our GEMM, run as one launch: every block
+  // computes its tiles, then takes batches of the combine from a shared counter, so the blocks that have
+  // no tile in the GEMM's last wave ship finished columns while that wave runs, and no launch boundary
+  // drains the GPU in between. The tiles, items and sums are the two-launch schedule's, so the bits are
+  // too. (Pull launches have no such form: docs/design-changes.md, "The sequential schedule in one launch".)
   bool one_launch = false;
   const char* picked_by = "";  // "forced", "table", "cost_model"
 };

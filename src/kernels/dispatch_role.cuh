@@ -375,48 +375,6 @@ __device__ inline void publish_rows(const DispatchArgs& d, const dispatch::Pipel
   }
 }
 
-// The pipelines' shape for rows of `hidden` values in `smem_bytes` (Transport::kWarpPulls: warp issuers,
-// which stage nothing in shared memory: all kIssuers pipelines run, one (unused) stage each; bulk-copy
-// issuers: >= 1 pipeline, as the launcher checks all_stages >= 2).
-struct DispatchPipes {
-  int issuers;
-  int stages;  // per issuer
-};
-template <class Transport>
-__device__ inline DispatchPipes dispatch_pipes(int smem_bytes, int hidden) {
-  using namespace dispatch;
-  const int all_stages = Transport::kWarpPulls ? kIssuers : row_stages(smem_bytes, hidden);
-  const int issuers = Transport::kWarpPulls ? kIssuers : issuers_for(all_stages);
-  return DispatchPipes{issuers, all_stages / issuers};
-}
-
-// Each of the role's mbarriers once: f(bar, arrivals).
-template <class F>
-__device__ inline void for_each_dispatch_barrier(const dispatch::Smem& sm, DispatchPipes pipes, F f) {
-  using namespace dispatch;
-  for (int s = 0; s < pipes.issuers * pipes.stages; ++s) f(sm.load_bar(s), 1);
-  for (int s = 0; s < kMetaSlots; ++s) {
-    f(sm.meta_full(s), 32);              // a prefetcher's lanes
-    f(sm.meta_empty(s), pipes.issuers);  // each issuer, past its last unit of the slot
-  }
-  for (int q = 0; q < pipes.issuers; ++q) {
-    for (int s = 0; s < kPubSlots; ++s) {
-      f(sm.pub_full(q, s), 1);    // the issuer
-      f(sm.pub_empty(q, s), 32);  // the publisher's lanes
-    }
-  }
-}
-
-// After run_dispatch_role in every thread of the block and a __syncthreads (every row's stores then
-// complete: a publisher hands a slot over only after them): one thread ends the role's mbarriers, so
-// that a role that runs next in the same block may reuse shared memory (layer0_kernel's one launch).
-template <class Transport = PeerTransport>
-__device__ inline void end_dispatch_role(char* smem, int smem_bytes, int hidden) {
-  if (threadIdx.x != 0) return;
-  for_each_dispatch_barrier(dispatch::Smem{smem}, dispatch_pipes<Transport>(smem_bytes, hidden),
-                            [](uint64_t* bar, int) { dev::mbarrier_inval(bar); });
-}
-
 // Called by every thread of a comm block (at least kWarpsUsed warps). The transport (transport.cuh)
 // decides how the issuers reach a peer's rows.
 template <class Transport = PeerTransport>
@@ -432,10 +390,23 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   const int end = d.unit_end >= 0 ? min(d.unit_end, *d.plan.num_units) : *d.plan.num_units;
   const int first = begin + comm_index;
   const int count = max(0, (end - first + n_comm - 1) / n_comm);
-  const DispatchPipes pipes = dispatch_pipes<Transport>(smem_bytes, d.hidden);
-  const int issuers = pipes.issuers, stages = pipes.stages;
+  // Warp issuers stage nothing in shared memory: all kIssuers pipelines run, one (unused) stage each.
+  // Bulk-copy issuers: >= 1 pipeline, as the launcher checks all_stages >= 2.
+  const int all_stages = Transport::kWarpPulls ? kIssuers : row_stages(smem_bytes, d.hidden);
+  const int issuers = Transport::kWarpPulls ? kIssuers : issuers_for(all_stages);
+  const int stages = all_stages / issuers;
   if (threadIdx.x == 0) {
-    for_each_dispatch_barrier(sm, pipes, [](uint64_t* bar, int arrivals) { dev::mbarrier_init(bar, arrivals); });
+    for (int s = 0; s < issuers * stages; ++s) dev::mbarrier_init(sm.load_bar(s), 1);
+    for (int s = 0; s < kMetaSlots; ++s) {
+      dev::mbarrier_init(sm.meta_full(s), 32);       // a prefetcher's lanes
+      dev::mbarrier_init(sm.meta_empty(s), issuers);  // each issuer, past its last unit of the slot
+    }
+    for (int q = 0; q < issuers; ++q) {
+      for (int s = 0; s < kPubSlots; ++s) {
+        dev::mbarrier_init(sm.pub_full(q, s), 1);    // the issuer
+        dev::mbarrier_init(sm.pub_empty(q, s), 32);  // the publisher's lanes
+      }
+    }
     dev::fence_mbarrier_init();
   }
   __syncthreads();

@@ -59,7 +59,7 @@ std::string layer0_can_implement(const DispatchArgs& d, int n, int experts, cons
   // The comm blocks stage rows in the GEMM's shared memory: a pipeline needs two stages (one row
   // loading while the other is stored). Warp issuers (NVSHMEM gets) stage nothing.
   const int stages = dispatch::row_stages(Cfg::kSharedBytes, d.hidden);
-  if (!Transport::kWarpPulls && (split.n_comm > 0 || split.one_launch) && stages < 2)
+  if (!Transport::kWarpPulls && split.n_comm > 0 && stages < 2)
     return detail::concat("fused layer 0: rows of ", d.hidden, " values leave ", stages,
                           " bulk-copy stages in shared memory, the comm blocks need 2");
   if (d.store_lag != 1 && d.store_lag != 2 && d.store_lag != 4 && d.store_lag != dispatch::kMaxStoreLag)

@@ -8,12 +8,6 @@
 // Local rows are in A before the launch (local_scatter), so local tiles (first in the order) start at once.
 // n_comm is the host's, or, with an adaptive split, the one every block derives from the plan's counts
 // at kernel start (adaptive_split.hpp).
-// One launch (split.one_launch, the sequential schedule): no comm blocks; every block is a comm block
-// first (its share of the remote units, as in the pull launch) and a compute block after it, taking
-// tiles in plan order (m, as the GEMM launch of two would), each after its rows have landed. All blocks
-// are resident and a pull never waits on a tile, so every row a tile waits for gets pulled. (Arrival
-// order, the fused schedule's, made the GEMM 1.2-2.3x slower there on the H100 for models with many
-// local experts: consecutive tiles of different experts read every B slab from HBM.)
 #pragma once
 
 #include "tune/adaptive_split.hpp"
@@ -90,28 +84,16 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   static_assert(Cfg::kThreads / 32 >= dispatch::kWarpsUsed, "a comm block needs the dispatch role's warps");
   extern __shared__ __align__(1024) char smem[];
   const Epoch epoch = *p.split.epoch;
-  // One call site per role: with two of the compute role, ptxas outlined a call inside the GEMM of the
-  // activation-gradient epilogue's instance and serialised its wgmma (C7510).
-  const bool one_launch = p.split.one_launch;
-  const int n_comm = one_launch ? gridDim.x : adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
+  const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
   if (int(blockIdx.x) < n_comm) {
     run_dispatch_role<Transport>(p.dispatch, blockIdx.x, n_comm, epoch, smem, p.split.smem_bytes, p.split.team,
                                  p.transport);
-    if (!one_launch) return;
-    // Every warp is past the role (its rows' stores are complete): its mbarriers end before the GEMM's
-    // pipeline takes the same shared memory.
-    __syncthreads();
-    end_dispatch_role<Transport>(smem, p.split.smem_bytes, p.dispatch.hidden);
-    __syncthreads();
+    return;
   }
-  const int compute_index = one_launch ? blockIdx.x : blockIdx.x - n_comm;
-  const int n_compute = one_launch ? gridDim.x : gridDim.x - n_comm;
-  const bool arrival_order = p.split.waits && !one_launch;
-  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group,
-                                arrival_order};
+  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group, p.split.waits};
   Layer0Hooks<Cfg, Epi, Transport> hooks{p, epoch};
-  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, compute_index, n_compute, smem);
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 
 }  // namespace comet::kernels

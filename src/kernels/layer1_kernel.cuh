@@ -90,7 +90,9 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   const bool one_launch = p.split.one_launch;
   const int n_comm = one_launch ? 0 : adaptive_n_comm(p.split.adapt, p.combine.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
-  if (int(blockIdx.x) >= n_comm) {  // one call site of the compute role (see layer0_kernel)
+  // One call site per role: with two of the compute role (a layer-0 one-launch trial), ptxas outlined a
+  // call inside a GEMM and serialised its wgmma (C7510).
+  if (int(blockIdx.x) >= n_comm) {
     const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
     const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
     Layer1Hooks<Cfg, Transport> hooks{p, epoch, n_blocks};

@@ -84,7 +84,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   d.mode = mode;
   if (request.tile_n && request.n_comm) {
     v = LayerVariant{*request.tile_n, *request.n_comm, request.m_group.value_or(0), request.n_group.value_or(1),
-                     request.standalone_gemm.value_or(StandaloneGemm::comet)};
+                     request.standalone_gemm.value_or(StandaloneGemm::comet), request.one_launch.value_or(false)};
     d.picked_by = "forced";
   } else {
     const LayerWork work = expected_work(shape_, par_, layer, picked_tokens, request.tile_n.value_or(256), dtype);
@@ -127,13 +127,11 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   // launches that have a plain product, as the fused schedule's is for the comm blocks beside it).
   if (layer != 0 && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
     d.standalone_gemm = v.standalone_gemm;  // the request's, else the table entry's, else ours
-  // The sequential schedule with our GEMM may run as one launch: a pull, then the GEMM, or the GEMM,
-  // then a combine, in the same blocks. CUTLASS's GEMMs are launches of their own; one rank has nothing
-  // to pull; the fp8 layer 0 keeps two launches (not measured in one).
-  const bool pull = comm_kind(layer) == 0;
-  d.one_launch = mode == LayerMode::fused && d.schedule == Schedule::sequential &&
-                 d.standalone_gemm == StandaloneGemm::comet && (!pull || (par_.world() > 1 && dtype == DType::bf16)) &&
-                 request.one_launch.value_or(policy_.one_launch_sequential);
+  // A combine launch's sequential schedule with our GEMM may run as one launch (the GEMM, then the
+  // combine, in the same blocks): the request's choice, else the table entry's. CUTLASS's GEMMs are
+  // launches of their own.
+  d.one_launch = comm_kind(layer) == 1 && mode == LayerMode::fused && d.schedule == Schedule::sequential &&
+                 d.standalone_gemm == StandaloneGemm::comet && v.one_launch;
 
   PlannedLaunch p;
   p.decision = d;

@@ -43,7 +43,6 @@ struct PlannerPolicy {
   bool adaptive_split = true;  // the kernel may re-pick n_comm from the batch's plan
   bool batch_invariant = false;  // the tile shape depends on the layer's shape only (not the token count)
   DType layer0_dtype = DType::bf16;  // e4m3: layer 0 runs the fp8 kernel (its own tiles and table keys)
-  bool one_launch_sequential = true;  // the sequential schedule with our GEMM in one launch (LaunchDecision)
 };
 
 class LaunchPlanner {

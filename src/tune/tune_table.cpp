@@ -19,6 +19,7 @@ std::string model_key(const std::string& gpu, Link link) { return gpu + '|' + to
 json to_json(const LayerVariant& v) {
   json j{{"tile_n", v.tile_n}, {"n_comm", v.n_comm}, {"m_group", v.m_group}, {"n_group", v.n_group}};
   if (v.standalone_gemm != StandaloneGemm::comet) j["standalone_gemm"] = to_string(v.standalone_gemm);
+  if (v.one_launch) j["one_launch"] = true;
   return j;
 }
 
@@ -32,6 +33,7 @@ LayerVariant variant_from(const json& j) {
   const std::optional<StandaloneGemm> g = standalone_gemm_named(gemm);
   if (!g) throw InvalidArgument(detail::concat("standalone_gemm '", gemm, "' is not comet, grouped or grouped_cooperative"));
   v.standalone_gemm = *g;
+  v.one_launch = j.value("one_launch", false);
   return v;
 }
 
@@ -161,6 +163,7 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
     t.variant.m_group = 0;
     t.variant.n_group = 1;
     t.variant.standalone_gemm = StandaloneGemm::comet;  // the model has no rates for CUTLASS's GEMMs
+    t.variant.one_launch = false;                       // nor for one launch: two, as measured most
     t.picked_by = "cost_model";
   }
   LayerVariant& v = t.variant;
@@ -169,6 +172,7 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
   v.m_group = request.m_group.value_or(v.m_group);
   v.n_group = request.n_group.value_or(v.n_group);
   v.standalone_gemm = request.standalone_gemm.value_or(v.standalone_gemm);
+  v.one_launch = request.one_launch.value_or(v.one_launch);
   return t;
 }
 

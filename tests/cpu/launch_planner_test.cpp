@@ -348,36 +348,37 @@ TEST(LaunchPlanner, StandaloneGemmOnlyWhereTheGemmRunsAlone) {
   EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, seq_coop).decision.standalone_gemm, StandaloneGemm::grouped_cooperative);
 }
 
-// One launch for the sequential schedule with our GEMM (every launch kind), by default or as asked;
-// never for a fused or gemm_only / comm_only launch, a standalone GEMM of CUTLASS's, a pull with one rank
-// or the fp8 layer 0.
-TEST(LaunchPlanner, OneLaunchOnlyForTheSequentialScheduleWithOurGemm) {
-  const LaunchPlanner p = planner(Parallel{8, 1});
-  const LayerRequest seq = LayerRequest::forced(256, 0);
-  LayerRequest two = seq;
-  two.one_launch = false;
-  for (int layer : {0, 1, 2, 3}) {
-    EXPECT_TRUE(p.plan(layer, LayerMode::fused, 4096, seq).decision.one_launch) << layer;
-    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, two).decision.one_launch) << layer;  // memo keyed on it
-    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, LayerRequest::forced(256, 4)).decision.one_launch) << layer;
-    EXPECT_FALSE(p.plan(layer, LayerMode::gemm_only, 4096, seq).decision.one_launch) << layer;
-    EXPECT_FALSE(p.plan(layer, LayerMode::comm_only, 4096, seq).decision.one_launch) << layer;
-  }
-  for (int layer : {1, 2, 3})  // layer 0's GEMM is always ours
-    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, with_gemm(seq, StandaloneGemm::grouped)).decision.one_launch)
-        << layer;
-  const LaunchPlanner one = planner(Parallel{1, 1});
-  EXPECT_FALSE(one.plan(0, LayerMode::fused, 4096, seq).decision.one_launch);  // nothing to pull
-  EXPECT_TRUE(one.plan(1, LayerMode::fused, 4096, seq).decision.one_launch);
-  const LaunchPlanner fp8(kMixtral, Parallel{8, 1}, Link::host, h200_like(), TuneTable{},
-                          PlannerPolicy{true, false, DType::e4m3});
-  EXPECT_FALSE(fp8.plan(0, LayerMode::fused, 4096, LayerRequest::forced(128, 0)).decision.one_launch);
-  // Off in the options: two launches unless a request asks for one.
-  PlannerPolicy off;
-  off.one_launch_sequential = false;
-  const LaunchPlanner q(kMixtral, Parallel{8, 1}, Link::host, h200_like(), TuneTable{}, off);
-  EXPECT_FALSE(q.plan(1, LayerMode::fused, 4096, seq).decision.one_launch);
-  LayerRequest on = seq;
+// One launch for a combine launch's sequential schedule with our GEMM (layers 1 and 3): the table
+// entry's choice or the request's; never for a pull launch, a fused or gemm_only / comm_only launch, or a
+// standalone GEMM of CUTLASS's.
+TEST(LaunchPlanner, OneLaunchOnlyForACombineLaunchsSequentialScheduleWithOurGemm) {
+  const LaunchPlanner probe = planner(Parallel{8, 1});
+  TuneTable t;
+  LayerVariant seq_entry{256, 0, 0, 1};
+  seq_entry.one_launch = true;
+  for (int layer : {0, 1, 2, 3}) t.put(probe.key(layer, 4096), TuneEntry{seq_entry, 1.0});
+  const LaunchPlanner p = planner(Parallel{8, 1}, t);
+  LayerRequest on = LayerRequest::forced(256, 0), off = on;
   on.one_launch = true;
-  EXPECT_TRUE(q.plan(1, LayerMode::fused, 4096, on).decision.one_launch);
+  off.one_launch = false;
+  for (int layer : {1, 3}) {
+    EXPECT_TRUE(p.plan(layer, LayerMode::fused, 4096, tile(256)).decision.one_launch) << layer;  // the table's
+    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, LayerRequest::forced(256, 0)).decision.one_launch) << layer;
+    EXPECT_TRUE(p.plan(layer, LayerMode::fused, 4096, on).decision.one_launch) << layer;
+    LayerRequest table_off = tile(256);
+    table_off.one_launch = false;
+    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, table_off).decision.one_launch) << layer;  // memo keyed on it
+    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 8192, tile(256)).decision.one_launch) << layer;  // cost model: off
+    LayerRequest fused = LayerRequest::forced(256, 4);
+    fused.one_launch = true;
+    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, fused).decision.one_launch) << layer;
+    EXPECT_FALSE(p.plan(layer, LayerMode::gemm_only, 4096, on).decision.one_launch) << layer;
+    EXPECT_FALSE(p.plan(layer, LayerMode::comm_only, 4096, on).decision.one_launch) << layer;
+    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, with_gemm(on, StandaloneGemm::grouped)).decision.one_launch)
+        << layer;
+  }
+  for (int layer : {0, 2}) {  // pulls keep two launches
+    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, tile(256)).decision.one_launch) << layer;
+    EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, on).decision.one_launch) << layer;
+  }
 }

@@ -21,11 +21,6 @@ struct Best {
 };
 using Points = std::map<std::pair<int, int>, Best>;  // one key's sweep: (tile_n, n_comm) -> time
 
-// A narrower tile than 256, or a standalone GEMM, replaces ours only when it beats it by 3 %: closer is
-// noise (Mixtral EP 4 x TP 2 layer 1 at 4096 tokens "won" at 192 by 0.01 % in run 37's sweep and then ran
-// 15 % slower in the validation; the sequential point was timed with our GEMM).
-constexpr double kMeasuredGain = 0.97;
-
 // The sequential mode runs its GEMM alone, so its width is the one whose GEMM-alone runs are the fastest
 // against cuBLAS (gemm_width_runs.hpp), under kMeasuredGain. Its time at that width: the sweep's fastest
 // sequential-mode point at a width the runs measured, scaled by the two widths' ratios. It replaces a

@@ -452,22 +452,21 @@ TEST(FusedBackward, StandaloneGemmsGiveTheSameGradients) {
   }
 }
 
-// Every launch of the forward and the backward in the sequential schedule, in one launch and in two:
-// the same gradients, bitwise, twice in a row (the shared batch counter resets).
+// The forward's layer 1 and the backward of layer 0 (launch 3) in the sequential schedule, in one launch
+// and in two: the same gradients, bitwise, twice in a row (the shared batch counter resets).
 TEST(FusedBackward, OneLaunchSequentialGivesTheSameGradients) {
   const BwdCase base{"top8_ep4", kTop8, {4, 1}, {100, 0, 257, 3}, RoutingKind::zipf, Link::device,
-                     with_one_launch(forced(256, 0), false), with_one_launch(forced(256, 0), false)};
+                     forced(256, 0), with_one_launch(forced(256, 0), false)};
   Harness a(base);
   a.run();
   const auto want = a.gradients();
   check_gradients(a);
   BwdCase c = base;
-  c.l0 = with_one_launch(forced(256, 0), true);
   c.l1 = with_one_launch(forced(256, 0), true);
   Harness b(c);
   for (int repeat = 0; repeat < 2; ++repeat) {
     b.run();
-    for (int launch = 0; launch < 4; ++launch) EXPECT_TRUE(b.moe.last_decision(0, launch).one_launch) << launch;
+    EXPECT_TRUE(b.moe.last_decision(0, 1).one_launch && b.moe.last_decision(0, 3).one_launch);
     const auto got = b.gradients();
     EXPECT_TRUE(bitwise_equal(got.dw0, want.dw0)) << "dW0, repeat " << repeat;
     EXPECT_TRUE(bitwise_equal(got.dw1, want.dw1)) << "dW1, repeat " << repeat;

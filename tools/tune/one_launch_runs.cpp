@@ -1,5 +1,6 @@
 #include "one_launch_runs.hpp"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "tune_records.hpp"
@@ -7,6 +8,16 @@
 namespace comet::tune_tool {
 
 using nlohmann::json;
+
+namespace {
+// The middle value, or the mean of the middle two (two runs that disagree average out; tune_records'
+// median takes the upper one).
+double middle(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+}  // namespace
 
 std::map<std::string, OneLaunchPair> one_launch_pairs(const std::vector<json>& records, int sms,
                                                       std::map<std::string, TuneKey>& keys) {
@@ -30,13 +41,15 @@ std::map<std::string, OneLaunchPair> one_launch_pairs(const std::vector<json>& r
     const auto t = tuned.find(case_of(r));
     if (t == tuned.end() || t->second->value("n_comm", -1) != 0) continue;
     const bool tuned_was_one = mode == "ab_one_launch_off";  // the A/B record ran the other way
-    OneLaunchPair p;
-    p.one_ms = (tuned_was_one ? *t->second : r).value("median_ms", 0.0);
-    p.two_ms = (tuned_was_one ? r : *t->second).value("median_ms", 0.0);
-    p.tile_n = t->second->value("tile_n", 256);
+    const double one = (tuned_was_one ? *t->second : r).value("median_ms", 0.0);
+    const double two = (tuned_was_one ? r : *t->second).value("median_ms", 0.0);
+    const int tile_n = t->second->value("tile_n", 256);
+    if (one <= 0 || two <= 0) continue;
     const TuneKey k = uniform_key_of(r, sms_of(r, sms));
     keys.emplace(k.str(), k);
-    pairs[k.str()] = p;  // a later run replaces an earlier one
+    OneLaunchPair& p = pairs[k.str()];
+    if (p.tile_n != tile_n) p = OneLaunchPair{{}, tile_n};  // runs at another tile say nothing about this one
+    p.two_over_one.push_back(two / one);
   }
   return pairs;
 }
@@ -47,16 +60,16 @@ void apply_one_launch(const std::map<std::string, OneLaunchPair>& pairs, const s
     const TuneKey& k = keys.at(s);
     const TuneEntry* e = table.find(k);
     if (!e || e->variant.n_comm != 0 || e->variant.standalone_gemm != StandaloneGemm::comet ||
-        e->variant.tile_n != p.tile_n || p.one_ms <= 0 || p.two_ms <= 0)
+        e->variant.tile_n != p.tile_n || p.two_over_one.empty())
       continue;
-    const bool one = p.one_ms < gain * p.two_ms;
-    std::printf("  %-78s one launch %.3f ms, two %.3f ms (%.3fx)%s\n", s.c_str(), p.one_ms, p.two_ms,
-                p.two_ms / p.one_ms, one != e->variant.one_launch ? (one ? "  -> one launch" : "  -> two launches") : "");
+    const double ratio = middle(p.two_over_one);
+    const bool one = ratio * gain > 1.0;
+    std::printf("  %-78s two launches / one: %.3f (%zu runs)%s\n", s.c_str(), ratio, p.two_over_one.size(),
+                one != e->variant.one_launch ? (one ? "  -> one launch" : "  -> two launches") : "");
     if (one == e->variant.one_launch) continue;
     TuneEntry changed = *e;
     changed.variant.one_launch = one;
-    if (one) changed.ms = p.one_ms * e->ms / p.two_ms;  // the entry's time, scaled by the pair's ratio
-    else changed.ms = p.two_ms * e->ms / p.one_ms;
+    changed.ms = one ? e->ms / ratio : e->ms * ratio;  // the entry's time, scaled by the runs' ratio
     table.put(k, changed);
   }
 }

@@ -4,7 +4,9 @@
 // comet-bench --paired --one-launch-ab times, for each case whose tuned layer 1 takes that schedule, the
 // tuned run and the same decision with one_launch flipped in one rotation with the sequential baseline
 // (the tuned record, and a record of mode ab_one_launch_off or ab_one_launch_on). The entry of the case's
-// key takes one launch where it ran at least 3 % faster than two (closer is noise), and two otherwise.
+// key takes one launch where it ran at least 3 % faster than two (closer is noise), and two otherwise;
+// with several runs of a case, by the median of their ratios (one run per file: ratios near the line
+// move by a few % between runs on a power-capped card).
 #pragma once
 
 #include <map>
@@ -17,10 +19,9 @@
 
 namespace comet::tune_tool {
 
-// One case's pair: the layer's time in one launch and in two, at the tile the tuned run had.
+// One case's runs: each run's two-launch time over its one-launch time, at the tile the tuned run had.
 struct OneLaunchPair {
-  double one_ms = 0;
-  double two_ms = 0;
+  std::vector<double> two_over_one;
   int tile_n = 0;
 };
 

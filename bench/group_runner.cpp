@@ -604,6 +604,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     const char* other_mode = d1.one_launch ? "ab_one_launch_off" : "ab_one_launch_on";
     auto retime_ab = [&](const std::string& layer, const TimedCall& comet, const TimedCall& other,
                          const TimedCall& sequential, double flops) {
+      if (!ab) return retime_pair(out, case_begin, layer, comet, sequential, flops, case_rows);
       auto tuned_of = [&] {
         return find_record(out, case_begin, layer, [](const Record& r) { return r.system == "comet" && r.tuned; });
       };
@@ -611,7 +612,6 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         return find_record(out, case_begin, layer, [](const Record& r) { return r.system == "sequential"; });
       };
       if (!tuned_of() || !seq_of()) return;
-      if (!ab) return retime(*tuned_of(), *seq_of(), comet, sequential, flops, true, case_rows);
       Record alt = *tuned_of();
       alt.tuned = false;
       alt.mode = other_mode;

@@ -22,30 +22,26 @@ double middle(std::vector<double> v) {
 std::map<std::string, OneLaunchPair> one_launch_pairs(const std::vector<json>& records, int sms,
                                                       std::map<std::string, TuneKey>& keys) {
   // A case's records of one run: its tuned record, then the A/B record written right after it.
-  std::map<std::string, const json*> tuned;  // by case
+  std::map<std::string, const json*> tuned;  // by key
   std::map<std::string, OneLaunchPair> pairs;
-  auto case_of = [](const json& r) {
-    return r.value("gpu", "?") + '|' + r.value("model", "") + '|' + r.value("layout", "") + '|' +
-           r.value("link", "") + '|' + std::to_string(r.value("tokens_per_rank", 0));
-  };
   for (const json& r : records) {
     if (r.value("system", "") != "comet" || r.value("layer", "") != "l1" || r.value("routing", "") != "uniform" ||
         !r.value("paired", false))
       continue;
     const std::string mode = r.value("mode", "");
+    const TuneKey k = uniform_key_of(r, sms_of(r, sms));
     if (r.value("tuned", false) && mode == "fused") {
-      tuned[case_of(r)] = &r;
+      tuned[k.str()] = &r;
       continue;
     }
     if (mode != "ab_one_launch_off" && mode != "ab_one_launch_on") continue;
-    const auto t = tuned.find(case_of(r));
+    const auto t = tuned.find(k.str());
     if (t == tuned.end() || t->second->value("n_comm", -1) != 0) continue;
     const bool tuned_was_one = mode == "ab_one_launch_off";  // the A/B record ran the other way
     const double one = (tuned_was_one ? *t->second : r).value("median_ms", 0.0);
     const double two = (tuned_was_one ? r : *t->second).value("median_ms", 0.0);
     const int tile_n = t->second->value("tile_n", 256);
     if (one <= 0 || two <= 0) continue;
-    const TuneKey k = uniform_key_of(r, sms_of(r, sms));
     keys.emplace(k.str(), k);
     OneLaunchPair& p = pairs[k.str()];
     if (p.tile_n != tile_n) p = OneLaunchPair{{}, tile_n};  // runs at another tile say nothing about this one

@@ -313,6 +313,32 @@ TEST(FusedMoe, Layer1TileWidthsGiveTheSameBits) {
   }
 }
 
+// Neither layer's tile width changes the K order, nor does a last column block that runs 128-wide
+// wgmmas (64-wide in 128-wide tiles) instead of the tile's (narrow_tail_mma.cuh: layer 1's kernel at
+// every width, layer 0's at 256): every width gives the same bits, fused and sequential. H = 320 is
+// 256 + 64 (narrow 128), 192 + 128 (narrow 128) and 2 x 128 + 64 (narrow 64) in layer 1; N0 = 576 is
+// 2 x 256 + 64 (narrow 128) in layer 0; TP 4 GELU's N0 = 96 is one narrow block at 256.
+TEST(FusedMoe, TileWidthsAndNarrowTailsGiveTheSameBits) {
+  const MoeShape odd{320, 288, 8, 2, Activation::swiglu};
+  for (const Case& c : {Case{"ep2_h320_n576", odd, {2, 1}, {130, 77}, RoutingKind::zipf, Link::device},
+                        Case{"tp4_gelu_n96", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::host}}) {
+    SCOPED_TRACE(c.name);
+    Harness h(c);
+    h.run(forced(256, 2), forced(256, 2));
+    const auto want = h.outputs();
+    check_outputs(h, want);
+    for (int tile : {128, 192}) {
+      for (int n_comm : {0, 2}) {
+        h.run(forced(tile, n_comm), forced(tile, n_comm));
+        const auto got = h.outputs();
+        for (size_t r = 0; r < got.size(); ++r)
+          EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4))
+              << "tile " << tile << " n_comm " << n_comm << " rank " << r;
+      }
+    }
+  }
+}
+
 // Adaptive split: with the tuner's n_comm, each fused launch re-picks its comm blocks on the device
 // from the plan's counts. The kernel's pick is the rule of tune/adaptive_split.hpp evaluated here on
 // the host plan, and the outputs equal a forced run's bitwise (n_comm never changes the result).

@@ -109,9 +109,7 @@ struct CostModel {
   // faster than every comm-block count by this fraction.
   double sequential_margin = 0.05;
   double unit_us(const LayerWork& w) const;
-  // T_gemm of a tile shape relative to 128x256 tiles (1 for 256): the columns it computes
-  // (comet/tile_columns.hpp: a last block of <= 64 or <= 128 valid columns computes 64 or 128) over
-  // 256's, divided by the width's efficiency.
+  // T_gemm of a tile shape relative to 128x256 tiles (1 for 256).
   double tile_factor(const LayerWork& w, int tile_n) const;
   // The compiled tile shape (128, 256, and 192 in layer 0) with the smallest T_gemm; a narrower one only
   // where it predicts at most kNarrowTileGain of the 256-wide tile's time (its efficiency is a median with
@@ -133,8 +131,6 @@ struct CostModel {
 // T_gemm. H100, same run (bench/results/h100_unseen_gpu_device_tunedtile_7f7887f.json): Qwen2-57B TP 8's
 // layer 0 (N 640: 768 columns at 256, 640 at 128, predicted 0.96) took 1.21x as long with 128-wide tiles
 // at 16384 tokens and 1.09x at 4096; Qwen2 TP 8's (N 352, 192 predicted 0.79) was 1.21x faster at 192.
-// (Those were padded columns; since the last column block narrows, both shards compute the same
-// columns at every width, and 256 is the model's pick.)
 constexpr double kNarrowTileGain = 0.9;
 
 struct TuneEntry {

@@ -18,7 +18,6 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "kernels/gemm_config.cuh"
-#include "kernels/narrow_tail_mma.cuh"
 #include "ptx/barrier.cuh"
 #include "ptx/bulk_copy.cuh"
 
@@ -45,9 +44,7 @@ struct GemmExtents {
   int experts;
 };
 
-// NarrowTails: the kernel runs a partial last column block narrower (narrow_tail_mma.cuh; which kernels
-// do: comet/tile_columns.hpp, narrows_last_block).
-template <class Cfg, bool NarrowTails, class Schedule, class Hooks>
+template <class Cfg, class Schedule, class Hooks>
 __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const GemmExtents& ext,
                                  const Schedule& schedule, Hooks& hooks, int compute_index, int n_compute,
                                  char* smem) {
@@ -121,14 +118,7 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
       if (tile_k == 0) {
         clear(acc);
       } else {
-        // A last column block whose valid columns fit in 128 (64 in 128-wide tiles) runs that wide
-        // (narrow_tail_mma.cuh); every other tile the collective's mainloop.
-        constexpr int kNarrowN = narrow_block_width(Cfg::TileN);
-        if (NarrowTails && narrow_tail<Cfg::TileN>(tile.n_block, ext.n)) {
-          if constexpr (NarrowTails) narrow_tail_mma<Cfg, kNarrowN>(pipeline, read_state, acc, tile_k, mma_thread, storage.tensors);
-        } else {
-          mainloop.mma(pipeline, read_state, acc, tile_k, mma_thread, storage.tensors, mp);
-        }
+        mainloop.mma(pipeline, read_state, acc, tile_k, mma_thread, storage.tensors, mp);
         mainloop.mma_tail(pipeline, read_state, tile_k);
         read_state.advance(tile_k);
       }

@@ -75,7 +75,6 @@ __device__ void store_tile(const Acc& acc, int mma_thread, const TileCoord& tile
 
   CUTE_UNROLL
   for (int q = 0; q < Cfg::TileN / kEpilogueCols; ++q) {
-    if (out_col0 + q * chunk_cols >= out_cols) break;  // past N: a last, narrow column block (the warp agrees)
     if (swiglu) {
       CUTE_UNROLL
       for (int i = 0; i < size(acc); i += 8) {

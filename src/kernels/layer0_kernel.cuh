@@ -10,9 +10,6 @@
 // at kernel start (adaptive_split.hpp).
 #pragma once
 
-#include <type_traits>
-
-#include "comet/tile_columns.hpp"
 #include "tune/adaptive_split.hpp"
 #include "kernels/compute_role.cuh"
 #include "kernels/dispatch_role.cuh"
@@ -96,10 +93,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
   }
   const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group, p.split.waits};
   Layer0Hooks<Cfg, Epi, Transport> hooks{p, epoch};
-  // A partial last column block narrows in the 256-wide bf16 peer-pointer kernels (comet/tile_columns.hpp).
-  constexpr bool narrow_tails = narrows_last_block(0, Cfg::TileN) && !Cfg::kScaleWarp &&
-                                std::is_same_v<Transport, PeerTransport>;
-  run_compute_role<Cfg, narrow_tails>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }
 
 }  // namespace comet::kernels

@@ -11,9 +11,6 @@
 // are resident and a compute block never waits, so every tile a combine waits on gets made.
 #pragma once
 
-#include <type_traits>
-
-#include "comet/tile_columns.hpp"
 #include "kernels/combine_role.cuh"
 #include "tune/adaptive_split.hpp"
 #include "kernels/compute_role.cuh"
@@ -99,10 +96,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     const int n_blocks = (p.ext.n + Cfg::TileN - 1) / Cfg::TileN;
     const Layer1Schedule schedule{p.combine.plan, n_blocks, p.split.m_group, p.split.n_group};
     Layer1Hooks<Cfg, Transport> hooks{p, epoch, n_blocks};
-    // A partial last column block narrows at every width in the peer-pointer kernels (comet/tile_columns.hpp).
-    constexpr bool narrow_tails = narrows_last_block(1, Cfg::TileN) && std::is_same_v<Transport, PeerTransport>;
-    run_compute_role<Cfg, narrow_tails>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm,
-                                        smem);
+    run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
     if (!one_launch) return;
     static_assert(Cfg::kThreads == 384, "the even register share assumes one producer and two consumer warp groups");
     // Every warp is past its last tile: the pipeline's stages are drained (load_tail), so the combine may

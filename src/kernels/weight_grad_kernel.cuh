@@ -133,7 +133,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1) weight_grad_kernel(const __g
   const WeightGradSchedule schedule{p.expert_offset, p.expert_rows, p.experts, p.m_blocks, p.n_blocks, Cfg::TileM,
                                     Cfg::TileK};
   WeightGradHooks<Cfg> hooks{p};
-  run_compute_role<Cfg, /*NarrowTails=*/false>(p.mainloop, p.ext, schedule, hooks, blockIdx.x, gridDim.x, smem);
+  run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x, gridDim.x, smem);
 }
 
 }  // namespace comet::kernels

@@ -6,7 +6,6 @@
 #include <math.h>
 
 #include "comet/hd.hpp"
-#include "comet/tile_columns.hpp"
 #include "comet/tune.hpp"
 
 namespace comet {
@@ -28,9 +27,9 @@ COMET_HD inline double cost_unit_us(const CostModel& m, const LayerWork& w) {
 // own (the one fp8 tile), so an fp8 layer's factor is 1.
 COMET_HD inline double cost_tile_factor(const CostModel& m, const LayerWork& w, int tile_n) {
   if (tile_n == 256 || w.gemm_n <= 0 || w.fp8) return 1.0;
-  const double computed = double(computed_columns(w.gemm_n, tile_n, narrows_last_block(w.layer, tile_n)));
-  const double computed256 = double(computed_columns(w.gemm_n, 256, narrows_last_block(w.layer, 256)));
-  return computed / computed256 / (tile_n == 192 ? m.tile192_efficiency : m.tile128_efficiency);
+  const double padded = double((w.gemm_n + tile_n - 1) / tile_n * tile_n);
+  const double padded256 = double((w.gemm_n + 255) / 256 * 256);
+  return padded / padded256 / (tile_n == 192 ? m.tile192_efficiency : m.tile128_efficiency);
 }
 
 // Predicted time (ms) of the layer with n_comm comm blocks out of `sms` (0: sequential mode).

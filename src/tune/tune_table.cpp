@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "comet/common.hpp"
-#include "comet/tile_columns.hpp"
 #include "comet/tune.hpp"
 
 namespace comet {
@@ -145,14 +144,13 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
   TunedVariant t;
   if (const TuneEntry* e = table.find(key)) {
     t = TunedVariant{e->variant, "table"};  // a forced shape keeps the table's n_comm
-    // The table's sweeps ran one tile width. Where another width computes far fewer of the layer's
-    // padded columns (comet/tile_columns.hpp; before the narrow last blocks, Qwen2-MoE TP 8's layer 0,
-    // N 352, computed 512 columns at 256 and 384 at 192: 29 % faster on the H200), the model's width
-    // wins and the table's n_comm stays (the comm blocks' work does not depend on the tile).
+    // The table's sweeps ran one tile width. Where another width pads the layer's N far less (Qwen2-MoE
+    // TP 8's layer 0: N 352 is 512 columns at 256, 384 at 192; 29 % faster on the H200), the model's
+    // width wins and the table's n_comm stays (the comm blocks' work does not depend on the tile).
     // (Only for padding: a table's narrower tile where no width pads less was measured to be faster.)
     const CostModel model = table.model(key.gpu, key.link);
     const int best = model.best_tile_n(work);
-    auto padded = [&](int tile_n) { return computed_columns(work.gemm_n, tile_n, narrows_last_block(work.layer, tile_n)); };
+    auto padded = [&](int tile_n) { return (work.gemm_n + tile_n - 1) / tile_n * tile_n; };
     if (!request.tile_n && padded(best) < padded(t.variant.tile_n) &&
         model.tile_factor(work, best) < kNarrowTileGain * model.tile_factor(work, t.variant.tile_n)) {
       t.variant.tile_n = best;

@@ -313,12 +313,12 @@ TEST(FusedMoe, Layer1TileWidthsGiveTheSameBits) {
   }
 }
 
-// Neither layer's tile width changes the K order, nor does a last column block that runs 128-wide
-// wgmmas (64-wide in 128-wide tiles) instead of the tile's (narrow_tail_mma.cuh: layer 1's kernel at
-// every width, layer 0's at 256): every width gives the same bits, fused and sequential. H = 320 is
-// 256 + 64 (narrow 128), 192 + 128 (narrow 128) and 2 x 128 + 64 (narrow 64) in layer 1; N0 = 576 is
-// 2 x 256 + 64 (narrow 128) in layer 0; TP 4 GELU's N0 = 96 is one narrow block at 256.
-TEST(FusedMoe, TileWidthsAndNarrowTailsGiveTheSameBits) {
+// Neither layer's tile width changes the K order: 128, 192 and 256-wide tiles in both layers at once
+// give the same bits, fused and sequential, with partial last column blocks in each: H = 320 is 256 +
+// 64, 192 + 128 and 2 x 128 + 64 in layer 1; N0 = 576 is 2 x 256 + 64 and 4 x 128 + 64 in layer 0;
+// TP 4 GELU's N0 = 96 is one partial block at every width. (On 2026-12-06 the same test held the
+// narrow last blocks of 7dc1f76, reverted, to the wide tiles' bits.)
+TEST(FusedMoe, TileWidthsOfBothLayersGiveTheSameBits) {
   const MoeShape odd{320, 288, 8, 2, Activation::swiglu};
   for (const Case& c : {Case{"ep2_h320_n576", odd, {2, 1}, {130, 77}, RoutingKind::zipf, Link::device},
                         Case{"tp4_gelu_n96", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::host}}) {

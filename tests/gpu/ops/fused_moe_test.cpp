@@ -290,53 +290,45 @@ TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
   }
 }
 
+// Runs c with 256-wide tiles (checked against the CPU reference), then with 128- and 192-wide ones in
+// layer 1 (and layer 0 too: layer0_too), sequential and with n_comm comm blocks: every run gives the
+// first run's bits.
+void expect_tile_widths_give_the_same_bits(const Case& c, bool layer0_too, int n_comm) {
+  SCOPED_TRACE(c.name);
+  Harness h(c);
+  h.run(forced(256, 2), forced(256, n_comm));
+  const auto want = h.outputs();
+  check_outputs(h, want);
+  for (int tile : {128, 192}) {
+    for (int comm : {0, n_comm}) {
+      h.run(layer0_too ? forced(tile, comm) : forced(256, 2), forced(tile, comm));
+      const auto got = h.outputs();
+      for (size_t r = 0; r < got.size(); ++r)
+        EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4))
+            << "tile " << tile << " n_comm " << comm << " rank " << r;
+    }
+  }
+}
+
 // Layer 1's tile width changes which blocks compute an output element, not the order in which its K is
 // summed: 128, 192 and 256-wide tiles give the same bits, fused and in the sequential schedule (so the
 // tuner's tile pick never changes a result); partial column blocks (H = 512 at 192) included.
 TEST(FusedMoe, Layer1TileWidthsGiveTheSameBits) {
   for (const Case& c : {Case{"ep4_top8", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
-                        Case{"tp2_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host}}) {
-    SCOPED_TRACE(c.name);
-    Harness h(c);
-    h.run(forced(256, 2), forced(256, 4));
-    const auto want = h.outputs();
-    check_outputs(h, want);
-    for (int tile : {128, 192}) {
-      for (int n_comm : {0, 4}) {
-        h.run(forced(256, 2), forced(tile, n_comm));
-        const auto got = h.outputs();
-        for (size_t r = 0; r < got.size(); ++r)
-          EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4))
-              << "tile " << tile << " n_comm " << n_comm << " rank " << r;
-      }
-    }
-  }
+                        Case{"tp2_gelu", kGelu, {1, 2}, {90, 140}, RoutingKind::uniform, Link::host}})
+    expect_tile_widths_give_the_same_bits(c, /*layer0_too=*/false, 4);
 }
 
 // Neither layer's tile width changes the K order: 128, 192 and 256-wide tiles in both layers at once
-// give the same bits, fused and sequential, with partial last column blocks in each: H = 320 is 256 +
-// 64, 192 + 128 and 2 x 128 + 64 in layer 1; N0 = 576 is 2 x 256 + 64 and 4 x 128 + 64 in layer 0;
-// TP 4 GELU's N0 = 96 is one partial block at every width. (On 2026-12-06 the same test held the
-// narrow last blocks of 7dc1f76, reverted, to the wide tiles' bits.)
+// give the same bits, with partial last column blocks in each: H = 320 is 256 + 64, 192 + 128 and
+// 2 x 128 + 64 in layer 1; N0 = 576 is 2 x 256 + 64 and 4 x 128 + 64 in layer 0; TP 4 GELU's N0 = 96 is
+// one partial block at every width. (On 2026-12-06 it held the narrow last blocks of 7dc1f76, reverted,
+// to the wide tiles' bits.)
 TEST(FusedMoe, TileWidthsOfBothLayersGiveTheSameBits) {
-  const MoeShape odd{320, 288, 8, 2, Activation::swiglu};
-  for (const Case& c : {Case{"ep2_h320_n576", odd, {2, 1}, {130, 77}, RoutingKind::zipf, Link::device},
-                        Case{"tp4_gelu_n96", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::host}}) {
-    SCOPED_TRACE(c.name);
-    Harness h(c);
-    h.run(forced(256, 2), forced(256, 2));
-    const auto want = h.outputs();
-    check_outputs(h, want);
-    for (int tile : {128, 192}) {
-      for (int n_comm : {0, 2}) {
-        h.run(forced(tile, n_comm), forced(tile, n_comm));
-        const auto got = h.outputs();
-        for (size_t r = 0; r < got.size(); ++r)
-          EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4))
-              << "tile " << tile << " n_comm " << n_comm << " rank " << r;
-      }
-    }
-  }
+  for (const Case& c : {Case{"ep2_h320_n576", MoeShape{320, 288, 8, 2, Activation::swiglu}, {2, 1}, {130, 77},
+                             RoutingKind::zipf, Link::device},
+                        Case{"tp4_gelu_n96", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::host}})
+    expect_tile_widths_give_the_same_bits(c, /*layer0_too=*/true, 2);
 }
 
 // Adaptive split: with the tuner's n_comm, each fused launch re-picks its comm blocks on the device

@@ -182,8 +182,8 @@ class FusedMoE:
     weight_grad_kernel: the GEMM of the weight gradients (BackwardOptions::weight_grad_kernel; all give the
       same bits). "auto" (default): the launch planner's rule by shape, measured on the H200: CUTLASS's
       grouped ping-pong GEMM ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in
-      2 x 1 clusters ("grouped_cooperative") at 4096 rows and more with H >= 4096, else comet's
-      persistent kernel ("persistent").
+      2 x 1 clusters ("grouped_cooperative") at 4096 rows and more with H >= 3072 (H = 3584 measured on
+      an H100), else comet's persistent kernel ("persistent").
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16

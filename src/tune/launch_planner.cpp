@@ -193,13 +193,16 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
 //    F below 512 (Qwen2 TP 8, F/8 = 176: +26 %). At 8192 rows and more it lost 3-50 %.
 //  * The cooperative grouped GEMM (128 x 256 tiles, 2 x 1 clusters with TMA multicast) won by 4-15 % at
 //    4096 rows and more with H >= 4096 (DeepSeek-V3, Mixtral EP 8; Phi-3.5 even), lost 4-5 % at H 2048.
+//    On the H100 (2026-12-06, bench/results/h100_narrow_tail_7dc1f76/bwd_{old,new}.json, two runs) it also
+//    won at H = 3584, which the H200 runs had no model with: Qwen2-57B at 4096 and 16384 rows per expert,
+//    by 0.3-4.6 % on EP 8 and 3.3 % / 22 % on TP 8 (14.2 against 18.3 ms at 16384 tokens). So H >= 3072.
 //  * Our persistent kernel otherwise.
 WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested) const {
   if (requested != WeightGradKernel::automatic) return requested;
   const int local_experts = par_.local_experts(shape_);
   const double rows_per_expert = expected_rows(shape_, par_, tokens) / local_experts;
   if (rows_per_expert <= 2048 && local_experts >= 2 && par_.ffn_shard(shape_) >= 512) return WeightGradKernel::grouped;
-  if (rows_per_expert >= 4096 && shape_.hidden >= 4096) return WeightGradKernel::grouped_cooperative;
+  if (rows_per_expert >= 4096 && shape_.hidden >= 3072) return WeightGradKernel::grouped_cooperative;
   return WeightGradKernel::persistent;
 }
 

@@ -299,8 +299,8 @@ TEST(LaunchPlanner, Fp8Layer0IsCostedAsFp8) {
 
 }  // namespace
 
-// The weight-gradient GEMM rule against the H200 cases it was read from (launch_planner.cpp): W = 8,
-// rows per expert = 8 x tokens x k / E.
+// The weight-gradient GEMM rule against the H200 cases it was read from, and the H100's Qwen2-57B
+// (launch_planner.cpp): W = 8, rows per expert = 8 x tokens x k / E.
 TEST(LaunchPlanner, WeightGradKernelByShape) {
   const MoeShape qwen2{2048, 1408, 64, 4, Activation::swiglu};
   const MoeShape phi35{4096, 6400, 16, 2, Activation::swiglu};
@@ -318,7 +318,10 @@ TEST(LaunchPlanner, WeightGradKernelByShape) {
   EXPECT_EQ(pick(phi35, ep8, 1024), K::grouped);
   EXPECT_EQ(pick(deepseek, ep8, 1024), K::grouped);      // 256 rows
   EXPECT_EQ(pick(deepseek, tp8, 1024), K::persistent);   // F/8 = 256
-  // Long K: the cooperative clusters where H >= 4096, else ours.
+  // Long K: the cooperative clusters where H >= 3072, else ours.
+  const MoeShape qwen57{3584, 2560, 64, 8, Activation::swiglu};
+  EXPECT_EQ(pick(qwen57, tp8, 16384), K::grouped_cooperative);  // 16384 rows, H = 3584
+  EXPECT_EQ(pick(qwen57, ep8, 4096), K::grouped_cooperative);   // 4096 rows
   EXPECT_EQ(pick(kMixtral, ep8, 16384), K::grouped_cooperative);
   EXPECT_EQ(pick(deepseek, tp8, 16384), K::grouped_cooperative);  // 4096 rows
   EXPECT_EQ(pick(qwen2, ep8, 16384), K::persistent);              // H = 2048

@@ -19,11 +19,12 @@ no sequential-mode time to scale).
 
     python3 gemm_runs_test.py PATH/TO/comet-tune
 """
-import json
 import os
 import subprocess
 import sys
 import tempfile
+
+from tune_cases import entries_by_tokens, matches, write_records
 
 BASE = {"model": "mixtral", "world": 8, "ep": 8, "tp": 1, "link": "device", "routing": "uniform",
         "gpu": "NVIDIA H100 80GB HBM3", "layer": "l1"}
@@ -66,21 +67,15 @@ def gemm_run(tile, cases):
 
 
 def picks(table):
-    with open(table) as f:
-        entries = json.load(f)["entries"]
-    return {key.split("|")[-2]: (e["n_comm"], e["tile_n"], round(e["ms"], 3), e.get("standalone_gemm", "comet"))
-            for key, e in entries.items()}
+    return entries_by_tokens(table, lambda e: (e["n_comm"], e["tile_n"], round(e["ms"], 3),
+                                               e.get("standalone_gemm", "comet")))
 
 
 def main(tune):
     runs = {"t256": gemm_run(256, {1024: (1.0, 0.8), 4096: (1.0, 1.0), 16384: (1.0, 1.0)}),
             "t192": gemm_run(192, {1024: (1.1, 1.0), 4096: (0.88, 1.0), 16384: (0.98, 1.0), 256: (0.5, 1.0)})}
     with tempfile.TemporaryDirectory() as d:
-        paths = {}
-        for name, records in dict(runs, sweep=sweep(), standalone=standalone_run()).items():
-            paths[name] = os.path.join(d, name + ".json")
-            with open(paths[name], "w") as f:
-                json.dump(records, f)
+        paths = write_records(d, dict(runs, sweep=sweep(), standalone=standalone_run()))
         runs_args = ["--gemm-runs", paths["t256"], paths["t192"], "--standalone-runs", paths["standalone"]]
         table = os.path.join(d, "table.json")
         subprocess.run([tune, "--table", table, "--entries-only", "--from-results", paths["sweep"], *runs_args],
@@ -93,12 +88,9 @@ def main(tune):
     expected = {"T1024": (0, 192, 0.88, "comet"), "T4096": (0, 192, 0.88, "comet"),
                 "T16384": (0, 256, 1.0, "grouped"), "T256": (0, 256, 1.0, "comet")}
     expected_refined = dict(expected, T4096=(24, 256, 0.95, "comet"))
-    failures = 0
-    for what, g, e in (("from the sweep", got, expected), ("refining the table", got_refined, expected_refined)):
-        if g != e:
-            print(f"{what}: picks {g}, expected {e}")
-            failures += 1
-    if failures:
+    ok = [matches(what, g, e) for what, g, e in (("from the sweep: picks", got, expected),
+                                                 ("refining the table: picks", got_refined, expected_refined))]
+    if not all(ok):
         return 1
     print("widths and standalone GEMMs as expected, from the sweep and refining a table:", got)
     return 0

@@ -3,11 +3,12 @@ noise). Two layer-1 keys: 192 faster by 1 % (256 stays) and by 10 % (192 is take
 
     python3 tile_margin_test.py PATH/TO/comet-tune
 """
-import json
 import os
 import subprocess
 import sys
 import tempfile
+
+from tune_cases import entries_by_tokens, matches, write_records
 
 
 def main(tune):
@@ -18,17 +19,12 @@ def main(tune):
         for tile, ms in ((256, 1.0), (192, narrow_ms)):
             records.append(dict(base, tokens_per_rank=tokens, tile_n=tile, median_ms=ms))
     with tempfile.TemporaryDirectory() as d:
-        results, table = os.path.join(d, "results.json"), os.path.join(d, "table.json")
-        with open(results, "w") as f:
-            json.dump(records, f)
+        results = write_records(d, {"results": records})["results"]
+        table = os.path.join(d, "table.json")
         subprocess.run([tune, "--table", table, "--entries-only", "--from-results", results], check=True,
                        stdout=subprocess.DEVNULL)
-        with open(table) as f:
-            entries = json.load(f)["entries"]
-    tiles = {key.split("|")[-2]: e["tile_n"] for key, e in entries.items()}
-    expected = {"T4096": 256, "T16384": 192}
-    if tiles != expected:
-        print(f"tile picks {tiles}, expected {expected}")
+        tiles = entries_by_tokens(table, lambda e: e["tile_n"])
+    if not matches("tile picks", tiles, {"T4096": 256, "T16384": 192}):
         return 1
     print("tile picks as expected:", tiles)
     return 0

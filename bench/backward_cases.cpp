@@ -179,7 +179,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     add_record(out, rd, td, flops_wgrad, false, c);
     note(" | dgrad comet %.3f", td.median_ms);
     // --standalone-gemms: each standalone GEMM both launches may run (modes gemm_<name>).
-    for (StandaloneGemm k : {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+    for (StandaloneGemm k : kStandaloneGemms) {
       if (!o_.standalone_gemms) break;
       LayerRequest r = pick;
       r.standalone_gemm = k;

@@ -36,9 +36,9 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            two_pass (an A/B pair of their own under --paired), a dgrad record with
                            picked_by fused_act
   --standalone-gemms       also time each GEMM that layers 1-3 may run alone (gemm_only, or the
-                           sequential schedule's GEMM launch): records of modes gemm_comet, gemm_grouped
-                           and gemm_grouped_cooperative (CUTLASS's grouped GEMMs) beside gemm_only (the
-                           planner's pick, named in picked_by), for l1-l3 and for dgrad
+                           sequential schedule's GEMM launch): records of modes gemm_comet, gemm_grouped,
+                           gemm_grouped_cooperative and gemm_grouped_160 (CUTLASS's grouped GEMMs) beside
+                           gemm_only (the planner's pick, named in picked_by), for l1-l3 and for dgrad
   --one-launch-ab          with --paired, where the tuned layer 1 takes the sequential schedule with our
                            GEMM: also that schedule the other way (one launch <-> a GEMM launch and a
                            combine launch, LayerRequest::one_launch), in the same rotation as the tuned

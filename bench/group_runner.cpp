@@ -355,9 +355,8 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       g.picked_by = to_string(moe.decision(layer, 0, LayerMode::gemm_only, variant(tn, 0)).standalone_gemm);
       stamp(g, gemm, flops, false);
       if (o_.standalone_gemms && layer > 0) {  // each GEMM the launch may run alone: modes gemm_<name>
-        const StandaloneGemm kinds[] = {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative};
         std::vector<TimedCall> calls;
-        for (StandaloneGemm k : kinds) {
+        for (StandaloneGemm k : kStandaloneGemms) {
           LayerRequest r = variant(tn, 0);
           r.standalone_gemm = k;
           calls.push_back({nullptr, [launch, r] { launch(LayerMode::gemm_only, r); }});
@@ -370,7 +369,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
           for (const TimedCall& c : calls) t.push_back(time(c.pre, c.fn));
         for (size_t i = 0; i < calls.size(); ++i) {
           Record gk = base(in, name, "comet");
-          gk.mode = std::string("gemm_") + to_string(kinds[i]);
+          gk.mode = std::string("gemm_") + to_string(kStandaloneGemms[i]);
           gk.n_comm = 0;
           stamp(gk, t[i], flops, false);
         }

@@ -57,12 +57,24 @@ enum class StandaloneGemm {
   comet,                // our kernel in gemm_only mode (128 x tile_n, cooperative warp groups)
   grouped,              // CUTLASS's grouped GEMM, ping-pong, 128 x 128 tiles in 2 x 1 clusters
   grouped_cooperative,  // CUTLASS's grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters
+  grouped_160,          // CUTLASS's grouped GEMM, cooperative 128 x 160 tiles in 2 x 1 clusters (narrow N)
 };
+// Every StandaloneGemm, ours first (what a sweep times and a table may name).
+inline constexpr StandaloneGemm kStandaloneGemms[] = {StandaloneGemm::comet, StandaloneGemm::grouped,
+                                                      StandaloneGemm::grouped_cooperative, StandaloneGemm::grouped_160};
 inline const char* to_string(StandaloneGemm g) {
-  return g == StandaloneGemm::grouped ? "grouped" : g == StandaloneGemm::grouped_cooperative ? "grouped_cooperative" : "comet";
+  switch (g) {
+    case StandaloneGemm::grouped: return "grouped";
+    case StandaloneGemm::grouped_cooperative: return "grouped_cooperative";
+    case StandaloneGemm::grouped_160: return "grouped_160";
+    case StandaloneGemm::comet: break;
+  }
+  return "comet";
 }
 inline std::optional<StandaloneGemm> standalone_gemm_named(const std::string& name) {
-  return enum_named(name, {StandaloneGemm::comet, StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative});
+  for (StandaloneGemm g : kStandaloneGemms)
+    if (name == to_string(g)) return g;
+  return std::nullopt;
 }
 
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's

@@ -1,5 +1,5 @@
 // What comet's two uses of CUTLASS's sm90 pointer-array grouped GEMM share (weight_grad_grouped.cu: the
-// weight gradients; expert_gemm_grouped.cu: an expert GEMM with no comm blocks beside it): the two
+// weight gradients; expert_gemm_grouped.cuh: an expert GEMM with no comm blocks beside it): the
 // schedules we compile, the kernel type for a pair of operand layouts, CUTLASS's stride form, and how
 // the workspace is sized. One group is one local expert; its shape and pointers are written on the
 // device from the plan, so the host never waits for the routing.
@@ -38,6 +38,16 @@ struct PingpongSchedule {
 };
 struct CooperativeSchedule {
   using TileShape = Shape<_128, _256, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+// Cooperative on 128 x 160 tiles: a TP 8 shard's narrow N (F / 8 = 320 and 800, 2 F / 8 = 640 and 1600
+// in Qwen2-57B and Phi-3.5) in whole tiles, where 256-wide tiles compute up to 1.6 times the columns.
+// cuBLAS runs 160- or 320-wide tiles there (bench/results/h100_cublas_algo_probe_95bc2db.txt). The 2 x 1
+// clusters share W_e's tile between two M-tiles of an expert.
+struct Cooperative160Schedule {
+  using TileShape = Shape<_128, _160, _64>;
   using ClusterShape = Shape<_2, _1, _1>;
   using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;

@@ -31,7 +31,9 @@ LayerVariant variant_from(const json& j) {
   v.n_group = j.value("n_group", 1);
   const std::string gemm = j.value("standalone_gemm", "comet");
   const std::optional<StandaloneGemm> g = standalone_gemm_named(gemm);
-  if (!g) throw InvalidArgument(detail::concat("standalone_gemm '", gemm, "' is not comet, grouped or grouped_cooperative"));
+  if (!g)
+    throw InvalidArgument(
+        detail::concat("standalone_gemm '", gemm, "' is not comet, grouped, grouped_cooperative or grouped_160"));
   v.standalone_gemm = *g;
   v.one_launch = j.value("one_launch", false);
   return v;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "comet/fp8.hpp"
 #include "comet/tune.hpp"
@@ -339,5 +340,30 @@ TEST(TuneTable, StandaloneGemmRoundTripsAndIsPicked) {
   LayerRequest ours;
   ours.standalone_gemm = StandaloneGemm::comet;
   EXPECT_EQ(pick_variant(back, key_for(1, 4096), w, ours).variant.standalone_gemm, StandaloneGemm::comet);
+  std::remove(path.c_str());
+}
+
+// Every standalone GEMM's name reads back as itself; an unknown one is refused with the names it could be.
+TEST(TuneTable, StandaloneGemmNamesRoundTrip) {
+  for (StandaloneGemm g : kStandaloneGemms) EXPECT_EQ(standalone_gemm_named(to_string(g)), g) << to_string(g);
+  EXPECT_EQ(standalone_gemm_named("grouped_161"), std::nullopt);
+  TuneTable t;
+  t.put(key_for(2, 4096), TuneEntry{LayerVariant{256, 0, 0, 1, StandaloneGemm::grouped_160}, 1.0});
+  const std::string path = temp_path("standalone_160.json");
+  t.save(path);
+  EXPECT_EQ(TuneTable::load(path).find(key_for(2, 4096))->variant.standalone_gemm, StandaloneGemm::grouped_160);
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::string json = text.str();
+  json.replace(json.find("grouped_160"), 11, "grouped_161");
+  std::ofstream(path) << json;
+  try {
+    TuneTable::load(path);
+    ADD_FAILURE() << "a table naming grouped_161 loaded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'grouped_161' is not comet, grouped, grouped_cooperative or grouped_160"),
+              std::string::npos)
+        << e.what();
+  }
   std::remove(path.c_str());
 }

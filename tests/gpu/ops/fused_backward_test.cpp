@@ -284,6 +284,13 @@ INSTANTIATE_TEST_SUITE_P(
         BwdCase{"EP2xTP2_top8_bf16_grads_grouped_gemms", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf,
                 Link::device, with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative),
                 with_standalone(forced(256, 0), StandaloneGemm::grouped), GradType::bf16},
+        // 128 x 160 tiles: partial column blocks (TP 4: F_s = 96 in launch 2), a rank without tokens.
+        BwdCase{"TP4_gelu_grouped_160_gemms", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::device,
+                with_standalone(forced(256, 0), StandaloneGemm::grouped_160),
+                with_standalone(forced(256, 0), StandaloneGemm::grouped_160)},
+        BwdCase{"EP4_zero_token_rank_top8_grouped_160_gemms", kTop8, {4, 1}, {100, 0, 257, 3}, RoutingKind::zipf,
+                Link::host, with_standalone(forced(256, 0), StandaloneGemm::grouped_160),
+                with_standalone(forced(128, 0), StandaloneGemm::grouped_160)},
         with_fused_act(BwdCase{"", kGelu, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::host,
                                with_standalone(forced(256, 0), StandaloneGemm::grouped),
                                with_standalone(forced(256, 0), StandaloneGemm::grouped)},
@@ -436,7 +443,7 @@ TEST(FusedBackward, StandaloneGemmsGiveTheSameGradients) {
   Harness a(fused);
   a.run();
   const auto want = a.gradients();
-  for (StandaloneGemm g : {StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+  for (StandaloneGemm g : {StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative, StandaloneGemm::grouped_160}) {
     BwdCase c = fused;
     c.l0 = with_standalone(forced(256, 0), g);
     c.l1 = with_standalone(forced(256, 0), g);

@@ -167,7 +167,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"TP4_gelu_grouped_l1", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::device,
              forced(256, 0), with_standalone(forced(128, 0), StandaloneGemm::grouped)},
         Case{"EP2xTP2_top8_grouped_coop_l1", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::device,
-             forced(256, 2), with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative)}),
+             forced(256, 2), with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative)},
+        Case{"EP4_zero_token_rank_grouped_160_l1", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::uniform,
+             Link::host, forced(256, 0), with_standalone(forced(256, 0), StandaloneGemm::grouped_160)}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Same result, bitwise, whatever the number of comm blocks, and over repeated runs.
@@ -280,7 +282,7 @@ TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
     Harness h(c);
     h.run(forced(256, 2), forced(256, 4));
     const auto fused = h.outputs();
-    for (StandaloneGemm g : {StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative}) {
+    for (StandaloneGemm g : {StandaloneGemm::grouped, StandaloneGemm::grouped_cooperative, StandaloneGemm::grouped_160}) {
       h.run(forced(256, 0), with_standalone(forced(256, 0), g));
       const auto got = h.outputs();
       for (size_t r = 0; r < fused.size(); ++r)

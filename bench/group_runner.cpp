@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <iterator>
 #include <map>
 #include <numeric>
 
@@ -34,9 +35,10 @@ uint64_t seed_of(uint64_t seed, const std::string& a, long long b, long long c) 
 
 GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const Layout& layout, Link link,
                          int max_tokens, int max_rows)
-    // The timer's events: --paired times two calls, or a whole n_comm sweep, in rotation.
+    // The timer's events: --paired times in rotation two calls, a whole n_comm sweep, the backward's
+    // comet, sequential and chunked, or every standalone GEMM (--standalone-gemms).
     : o_(options), model_(model), layout_(layout), link_(link),
-      timer_(std::max<int>(3, int(options.n_comm.size())) * options.reps) {  // 3: the backward's comet, seq, chunked
+      timer_(std::max({3, int(std::size(kStandaloneGemms)), int(options.n_comm.size())}) * options.reps) {
   const MoeShape& s = model.shape;
   const Parallel& p = layout.par;
   const int W = p.world(), H = s.hidden, k = s.topk, el = p.local_experts(s), fs = p.ffn_shard(s);

@@ -230,4 +230,16 @@ void run(const GroupArrays<G>& g, int groups, bool beta_one, void* workspace, in
   COMET_CUDA_CHECK_LAUNCH();
 }
 
+// One launch of G over `groups` groups: checks the workspace, carves the group arrays from it, has
+// `setup(g, sms)` launch the kernel that writes them on `stream`, then runs G (beta_one: D += A B).
+template <class G, class Setup>
+void launch_groups(int groups, void* workspace, size_t workspace_bytes, bool beta_one, const char* what,
+                   cudaStream_t stream, Setup&& setup) {
+  const auto [device, sms] = check_workspace<G>(groups, workspace, workspace_bytes, what);
+  const GroupArrays<G> g = carve<G>(workspace, groups);
+  setup(g, sms);
+  COMET_CUDA_CHECK_LAUNCH();
+  run<G>(g, groups, beta_one, workspace, device, sms, stream, what);
+}
+
 }  // namespace comet::kernels::grouped

@@ -51,9 +51,6 @@ __global__ void setup_expert_groups(grouped::GroupArrays<G> g, ExpertGemmLaunch 
 template <class LayoutB, class Sched>
 void launch(const ExpertGemmLaunch& l, cudaStream_t stream) {
   using G = ExpertGemm<LayoutB, Sched>;
-  constexpr const char* what = "expert GEMM (grouped)";
-  const auto [device, sms] = grouped::check_workspace<G>(l.experts, l.workspace, l.workspace_bytes, what);
-  const grouped::GroupArrays<G> g = grouped::carve<G>(l.workspace, l.experts);
   const int64_t K = l.k, N = l.n;
   constexpr bool w_kn = std::is_same_v<LayoutB, Row>;
   const auto sa = grouped::make_group_stride<typename G::StrideA>(K, 1);  // A (m, k) at m K + k
@@ -61,9 +58,10 @@ void launch(const ExpertGemmLaunch& l, cudaStream_t stream) {
   const auto sb = w_kn ? grouped::make_group_stride<typename G::StrideB>(1, N)
                        : grouped::make_group_stride<typename G::StrideB>(K, 1);
   const auto sd = grouped::make_group_stride<typename G::StrideD>(N, 1);  // D (m, n) at m N + n
-  setup_expert_groups<G><<<1, 256, 0, stream>>>(g, l, sa, sb, sd);
-  COMET_CUDA_CHECK_LAUNCH();
-  grouped::run<G>(g, l.experts, /*beta_one=*/false, l.workspace, device, sms, stream, what);
+  grouped::launch_groups<G>(l.experts, l.workspace, l.workspace_bytes, /*beta_one=*/false, "expert GEMM (grouped)",
+                            stream, [&](const grouped::GroupArrays<G>& g, int) {
+                              setup_expert_groups<G><<<1, 256, 0, stream>>>(g, l, sa, sb, sd);
+                            });
 }
 
 // One schedule with W_e in either layout.

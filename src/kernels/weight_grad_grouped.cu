@@ -57,16 +57,14 @@ __global__ void setup_groups(grouped::GroupArrays<G> g, WeightGradLaunch l, type
 template <class Out, class Sched>
 void launch(const WeightGradLaunch& l, cudaStream_t stream) {
   using G = GroupedWeightGrad<Out, Sched>;
-  constexpr const char* what = "weight gradient (grouped)";
-  const auto [device, sms] = grouped::check_workspace<G>(l.experts, l.workspace, l.workspace_bytes, what);
-  const grouped::GroupArrays<G> g = grouped::carve<G>(l.workspace, l.experts);
   const int64_t M = l.p_cols, N = l.q_cols;
   const auto sa = grouped::make_group_stride<typename G::StrideA>(1, M);  // A (m, k) at m + k M
   const auto sb = grouped::make_group_stride<typename G::StrideB>(1, N);  // B (n, k) at n + k N
   const auto sd = grouped::make_group_stride<typename G::StrideD>(N, 1);  // D (m, n) at m N + n
-  setup_groups<G><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);
-  COMET_CUDA_CHECK_LAUNCH();
-  grouped::run<G>(g, l.experts, l.accumulate, l.workspace, device, sms, stream, what);
+  grouped::launch_groups<G>(l.experts, l.workspace, l.workspace_bytes, l.accumulate, "weight gradient (grouped)",
+                            stream, [&](const grouped::GroupArrays<G>& g, int sms) {
+                              setup_groups<G><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);
+                            });
 }
 
 }  // namespace

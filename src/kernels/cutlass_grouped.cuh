@@ -46,8 +46,8 @@ struct CooperativeSchedule {
 // in Qwen2-57B and Phi-3.5) in whole tiles, where 256-wide tiles compute up to 1.6 times the columns.
 // cuBLAS runs 160- or 320-wide tiles there (bench/results/h100_cublas_algo_probe_95bc2db.txt). The 2 x 1
 // clusters share W_e's tile between two M-tiles of an expert. Measured (H100): 17-29 % faster than ours
-// on Qwen2-57B TP 8's launch 2 (N = 320), no faster than 128 x 256 at N = 800, slower wherever N = H: a
-// table pick (bench/results/h100_bwd_entries_0f9afce/).
+// on Qwen2-57B TP 8's launch 2 (N = 320), no faster than 128 x 256 at N = 800, slower wherever N is wide
+// (H, or F in EP 8): a table pick (bench/results/h100_bwd_entries_0f9afce/).
 struct Cooperative160Schedule {
   using TileShape = Shape<_128, _160, _64>;
   using ClusterShape = Shape<_2, _1, _1>;

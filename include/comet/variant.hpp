@@ -2,7 +2,7 @@
 // planner decided (LaunchDecision). The tuner's table stores LayerVariant entries.
 #pragma once
 
-#include <initializer_list>
+#include <cstddef>
 #include <optional>
 #include <string>
 
@@ -38,9 +38,9 @@ inline const char* to_string(WeightGradKernel k) {
   }
   return "?";
 }
-// The value among `all` that to_string names `name`; nullopt for another name.
-template <class E>
-std::optional<E> enum_named(const std::string& name, std::initializer_list<E> all) {
+// The value among `all` (a braced list or an array) that to_string names `name`; nullopt for another name.
+template <class E, size_t N>
+std::optional<E> enum_named(const std::string& name, const E (&all)[N]) {
   for (E e : all)
     if (name == to_string(e)) return e;
   return std::nullopt;
@@ -72,9 +72,7 @@ inline const char* to_string(StandaloneGemm g) {
   return "comet";
 }
 inline std::optional<StandaloneGemm> standalone_gemm_named(const std::string& name) {
-  for (StandaloneGemm g : kStandaloneGemms)
-    if (name == to_string(g)) return g;
-  return std::nullopt;
+  return enum_named(name, kStandaloneGemms);
 }
 
 // What a caller asks of a layer's launches. Every field left empty is the planner's choice (the tuner's

@@ -23,13 +23,14 @@ COMET_HD inline double cost_unit_us(const CostModel& m, const LayerWork& w) {
   return m.l1_slice_us * ::ceil(w.hidden / 256.0) * w.topk / 16.0;
 }
 
+// The columns a GEMM of n columns computes in tile_n-wide column blocks (the last one padded).
+COMET_HD inline int padded_columns(int n, int tile_n) { return (n + tile_n - 1) / tile_n * tile_n; }
+
 // T_gemm of a tile shape against 128x256 tiles at the layer's rate. The fp8 rate is the 128-wide tile's
 // own (the one fp8 tile), so an fp8 layer's factor is 1.
 COMET_HD inline double cost_tile_factor(const CostModel& m, const LayerWork& w, int tile_n) {
   if (tile_n == 256 || w.gemm_n <= 0 || w.fp8) return 1.0;
-  const double padded = double((w.gemm_n + tile_n - 1) / tile_n * tile_n);
-  const double padded256 = double((w.gemm_n + 255) / 256 * 256);
-  return padded / padded256 / (tile_n == 192 ? m.tile192_efficiency : m.tile128_efficiency);
+  return double(padded_columns(w.gemm_n, tile_n)) / padded_columns(w.gemm_n, 256) / (tile_n == 192 ? m.tile192_efficiency : m.tile128_efficiency);
 }
 
 // Predicted time (ms) of the layer with n_comm comm blocks out of `sms` (0: sequential mode).

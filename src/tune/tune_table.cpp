@@ -2,11 +2,14 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "comet/common.hpp"
 #include "comet/tune.hpp"
+#include "tune/cost_model_eval.hpp"
 
 namespace comet {
 
@@ -31,9 +34,13 @@ LayerVariant variant_from(const json& j) {
   v.n_group = j.value("n_group", 1);
   const std::string gemm = j.value("standalone_gemm", "comet");
   const std::optional<StandaloneGemm> g = standalone_gemm_named(gemm);
-  if (!g)
-    throw InvalidArgument(
-        detail::concat("standalone_gemm '", gemm, "' is not comet, grouped, grouped_cooperative or grouped_160"));
+  if (!g) {
+    std::string names;  // "comet, grouped, ... or <the last>"
+    for (size_t i = 0; i < std::size(kStandaloneGemms); ++i)
+      names += std::string(i == 0 ? "" : i + 1 < std::size(kStandaloneGemms) ? ", " : " or ") +
+               to_string(kStandaloneGemms[i]);
+    throw InvalidArgument(detail::concat("standalone_gemm '", gemm, "' is not ", names));
+  }
   v.standalone_gemm = *g;
   v.one_launch = j.value("one_launch", false);
   return v;
@@ -152,8 +159,7 @@ TunedVariant pick_variant(const TuneTable& table, const TuneKey& key, const Laye
     // (Only for padding: a table's narrower tile where no width pads less was measured to be faster.)
     const CostModel model = table.model(key.gpu, key.link);
     const int best = model.best_tile_n(work);
-    auto padded = [&](int tile_n) { return (work.gemm_n + tile_n - 1) / tile_n * tile_n; };
-    if (!request.tile_n && padded(best) < padded(t.variant.tile_n) &&
+    if (!request.tile_n && padded_columns(work.gemm_n, best) < padded_columns(work.gemm_n, t.variant.tile_n) &&
         model.tile_factor(work, best) < kNarrowTileGain * model.tile_factor(work, t.variant.tile_n)) {
       t.variant.tile_n = best;
       t.picked_by = "table+tile";

@@ -4,6 +4,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdint>
+
 #include <utility>
 
 #include "comet/team.hpp"
@@ -149,6 +151,8 @@ struct WeightGradLaunch {
 // An expert GEMM with no comm blocks beside it, by CUTLASS's grouped GEMM (expert_gemm_grouped.cu):
 // out rows of expert e = its real rows of A times W_e (the plan's expert_offset / expert_rows; padding
 // rows of out are not written). bf16 throughout.
+enum class GroupRaster : uint8_t { automatic, along_m, along_n };
+
 struct ExpertGemmLaunch {
   const void* a = nullptr;  // [rows_cap][k]
   int k = 0;
@@ -160,6 +164,9 @@ struct ExpertGemmLaunch {
   const int32_t* expert_offset = nullptr;  // the plan's [experts + 1]
   const int32_t* expert_rows = nullptr;    // the plan's [experts]
   StandaloneGemm kernel = StandaloneGemm::grouped;
+  // The order of an expert's tiles (cutlass_grouped.cuh: Raster); automatic: expert_gemm_grouped.cuh's rule.
+  // Either order gives the same bits (it moves no element between blocks and no K step within one).
+  GroupRaster raster = GroupRaster::automatic;
   void* workspace = nullptr;  // expert_gemm_grouped_workspace_bytes(experts), 256-byte aligned
   size_t workspace_bytes = 0;
 };

@@ -7,7 +7,10 @@
 //   l1: Y = h W1_e^T    (K = F / tp, N = H; W1_e [H][F_s])    the forward's layer 1
 //   l2: D = G W1_e      (K = H, N = F / tp; W1_e [H][F_s])    the backward's launch 2
 //   l3: dA = dPre W0_e  (K = N0 / tp, N = H; W0_e [N0_s][H])  the backward's launch 3
-// Every variant and cuBLAS (grouped and per-expert loop, the faster kept) run in rotation; medians in ms.
+//   w1: dW1_e = G_e^T (g h)_e   (M = H, N = F / tp, K = the expert's rows)   weight gradients, bf16 out
+//   w0: dW0_e = dPre_e^T A_e    (M = N0 / tp, N = H, K = the expert's rows)
+// Every variant and cuBLAS (grouped and per-expert loop, the faster kept; for w1 / w0 cuBLAS's loop and
+// our persistent kernel) run in rotation; medians in ms.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include "baselines/expert_gemm.hpp"
 #include "comet/cuda_check.hpp"
 #include "event_timer.hpp"
+#include "grouped_gemm_probe_multicast.hpp"
 #include "harness/device_buffer.hpp"
 #include "harness/device_random.hpp"
 #include "kernels/fused_layers.hpp"
@@ -124,25 +128,136 @@ const Variant kVariants[] = {
     {StandaloneGemm::grouped_160, kernels::GroupRaster::along_n, "coop160_n"},
 };
 
+struct WgradVariant {
+  WeightGradKernel kernel;
+  kernels::GroupRaster raster;
+  const char* name;
+};
+
+const WgradVariant kWgradVariants[] = {
+    {WeightGradKernel::grouped, kernels::GroupRaster::along_m, "pingpong128_m"},
+    {WeightGradKernel::grouped, kernels::GroupRaster::along_n, "pingpong128_n"},
+    {WeightGradKernel::grouped_cooperative, kernels::GroupRaster::along_m, "coop256_m"},
+    {WeightGradKernel::grouped_cooperative, kernels::GroupRaster::along_n, "coop256_n"},
+};
+
+// The prefix of a record: the case and the GEMM's shape.
+std::string record_head(const Model& model, const Layout& layout, int tokens, const std::string& launch, int experts,
+                        long rows, int m, int n, int k) {
+  std::ostringstream r;
+  r << "{\"model\": \"" << model.name << "\", \"layout\": \"" << layout.name << "\", \"tokens_per_rank\": " << tokens
+    << ", \"launch\": \"" << launch << "\", \"experts\": " << experts << ", \"rows\": " << rows << ", \"m\": " << m
+    << ", \"n\": " << n << ", \"k\": " << k;
+  return r.str();
+}
+
+// Prints and records one launch's timings (the last `cublas_calls` are cuBLAS's; the best of them is the bar).
+void report(const std::string& head, const std::vector<std::string>& names, const std::vector<Timing>& t, int cublas_calls,
+            double flops, unsigned long long differing, std::vector<std::string>& json) {
+  double cublas = t[t.size() - 1].median_ms;
+  for (int i = 1; i < cublas_calls; ++i) cublas = std::min(cublas, t[t.size() - 1 - i].median_ms);
+  std::printf("  cublas %.3f ms (%.0f TFLOP/s)", cublas, flops / cublas * 1e-9);
+  for (size_t i = 0; i + cublas_calls < t.size(); ++i)
+    std::printf(" | %s %.3f (%.2fx)", names[i].c_str(), t[i].median_ms, cublas / t[i].median_ms);
+  std::printf(" | orders differ in %llu words\n", differing);
+  for (size_t i = 0; i < t.size(); ++i) {
+    std::ostringstream r;
+    r << head << ", \"variant\": \"" << names[i] << "\", \"median_ms\": " << t[i].median_ms << ", \"min_ms\": " << t[i].min_ms
+      << ", \"max_ms\": " << t[i].max_ms << ", \"tflops\": " << flops / t[i].median_ms * 1e-9
+      << ", \"vs_cublas\": " << cublas / t[i].median_ms << ", \"orders_differing_words\": " << differing << "}";
+    json.push_back(r.str());
+  }
+}
+
+// The weight gradient out_e = P_e^T Q_e (P [rows][m], Q [rows][n], out [experts][m][n] bf16): our
+// persistent kernel and CUTLASS's grouped GEMMs in both orders against cuBLAS's per-expert loop.
+void probe_wgrad(const Model& model, const Layout& layout, int tokens, const std::string& launch, int m, int n,
+                 const std::vector<int>& rows, const std::vector<int32_t>& offset, long total_rows,
+                 const ProbeOptions& o, std::vector<std::string>& json) {
+  const int experts = int(rows.size());
+  const size_t cap = size_t(std::max(offset[experts], kTileM));
+  const double gib = (2.0 * cap * (m + n) + 2 * 2.0 * experts * m * n) / (1u << 30);
+  std::printf("%-8s %-5s T=%-6d %s  experts %d  rows %ld  M %d  N %d  K/expert ~%ld  (%.1f GiB)", model.name.c_str(),
+              layout.name.c_str(), tokens, launch.c_str(), experts, total_rows, m, n, total_rows / experts, gib);
+  if (gib > o.mem_limit_gib) {
+    std::printf("  skipped: over --mem-limit-gib\n");
+    return;
+  }
+  std::fflush(stdout);
+  cudaStream_t stream = nullptr;
+  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  DeviceBuffer p(cap * m * 2), q(cap * n * 2), out_m(size_t(experts) * m * n * 2), out_n(size_t(experts) * m * n * 2);
+  DeviceBuffer d_offset(offset), d_rows(rows);
+  DeviceBuffer workspace(kernels::weight_grad_grouped_workspace_bytes(experts));
+  testing::fill_random_bf16(p.get(), cap * m, 1.0f, 13, stream);
+  testing::fill_random_bf16(q.get(), cap * n, 1.0f, 14, stream);
+  auto launch_of = [&](WeightGradKernel kernel, kernels::GroupRaster raster) {
+    kernels::WeightGradLaunch l;
+    l.p = p.get();
+    l.p_cols = m;
+    l.q = q.get();
+    l.q_cols = n;
+    l.rows_cap = int(cap);
+    l.experts = experts;
+    l.expert_offset = d_offset.as<int32_t>();
+    l.expert_rows = d_rows.as<int32_t>();
+    l.out = (raster == kernels::GroupRaster::along_n ? out_n : out_m).get();
+    l.kernel = kernel;
+    l.raster = raster;
+    l.workspace = workspace.get();
+    l.workspace_bytes = workspace.bytes();
+    return l;
+  };
+  std::vector<TimedCall> calls;
+  std::vector<std::string> names;
+  const kernels::WeightGradLaunch ours = launch_of(WeightGradKernel::persistent, kernels::GroupRaster::along_m);
+  calls.push_back({nullptr, [ours, stream] { kernels::launch_weight_grad(ours, stream); }});
+  names.push_back("persistent");
+  for (const WgradVariant& v : kWgradVariants) {
+    const kernels::WeightGradLaunch l = launch_of(v.kernel, v.raster);
+    calls.push_back({nullptr, [l, stream] { kernels::launch_weight_grad(l, stream); }});
+    names.push_back(v.name);
+  }
+  baselines::CublasHandle handle(stream);
+  std::vector<baselines::RowBlock> blocks;
+  for (int e = 0; e < experts; ++e) blocks.push_back({e, offset[e], rows[e]});
+  const baselines::WeightGradOperands op{p.get(), q.get(), out_m.get(), m, n, GradType::bf16};
+  calls.push_back({nullptr, [&] { baselines::run_weight_grads(handle.get(), stream, op, blocks, false); }});
+  names.push_back("cublas_loop");
+  EventTimer timer(o.reps * int(calls.size()));
+  const std::vector<Timing> t = timer.measure_rotation(stream, o.warmup, o.reps, calls, [] {});
+  unsigned long long differing = 0;
+  for (int i = 0; i < 2; ++i) {  // each grouped kernel in both orders, then compared
+    kernels::launch_weight_grad(launch_of(kWgradVariants[2 * i].kernel, kernels::GroupRaster::along_m), stream);
+    kernels::launch_weight_grad(launch_of(kWgradVariants[2 * i].kernel, kernels::GroupRaster::along_n), stream);
+    differing += differing_words(out_m, out_n, stream);
+  }
+  report(record_head(model, layout, tokens, launch, experts, total_rows, m, n, int(total_rows / experts)), names, t, 1,
+         2.0 * total_rows * m * n, differing, json);
+  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
+}
+
 // One launch of one case: every variant and cuBLAS in rotation. Appends a JSON record per timing.
 void probe_launch(const Model& model, const Layout& layout, int tokens, const std::string& launch,
                   const std::vector<int>& rows, const ProbeOptions& o, std::vector<std::string>& json) {
   const MoeShape& s = model.shape;
   const int H = s.hidden, fs = layout.par.ffn_shard(s), n0 = is_gated(s.act) ? 2 * fs : fs;
   const int experts = int(rows.size());
-  int k = 0, n = 0;
-  bool w_kn = true;
-  if (launch == "l1") k = fs, n = H, w_kn = false;
-  else if (launch == "l2") k = H, n = fs;
-  else if (launch == "l3") k = n0, n = H;
-  else throw InvalidArgument(detail::concat("--launches: l1, l2 or l3, got '", launch, "'"));
-
   std::vector<int32_t> offset(experts + 1, 0);
   long total_rows = 0;
   for (int e = 0; e < experts; ++e) {
     offset[e + 1] = offset[e] + (rows[e] + kTileM - 1) / kTileM * kTileM;
     total_rows += rows[e];
   }
+  if (launch == "w1") return probe_wgrad(model, layout, tokens, launch, H, fs, rows, offset, total_rows, o, json);
+  if (launch == "w0") return probe_wgrad(model, layout, tokens, launch, n0, H, rows, offset, total_rows, o, json);
+  int k = 0, n = 0;
+  bool w_kn = true;
+  if (launch == "l1") k = fs, n = H, w_kn = false;
+  else if (launch == "l2") k = H, n = fs;
+  else if (launch == "l3") k = n0, n = H;
+  else throw InvalidArgument(detail::concat("--launches: l1, l2, l3, w1 or w0, got '", launch, "'"));
   const size_t cap = size_t(std::max(offset[experts], kTileM));
   const double gib = (2.0 * cap * k + 2.0 * experts * k * n + 2 * 2.0 * cap * n) / (1u << 30);
   std::printf("%-8s %-5s T=%-6d %s  experts %d  rows %ld  M/expert ~%ld  N %d  K %d  (%.1f GiB)", model.name.c_str(),
@@ -157,7 +272,7 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
   COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   DeviceBuffer a(cap * k * 2), w(size_t(experts) * k * n * 2), out_m(cap * n * 2), out_n(cap * n * 2);
   DeviceBuffer d_offset(offset), d_rows(rows);
-  DeviceBuffer workspace(kernels::expert_gemm_grouped_workspace_bytes(experts));
+  DeviceBuffer workspace(std::max(kernels::expert_gemm_grouped_workspace_bytes(experts), workspace_160_multicast_a(experts)));
   testing::fill_random_bf16(a.get(), cap * k, 1.0f, 11, stream);
   testing::fill_random_bf16(w.get(), size_t(experts) * k * n, 1.0f / std::sqrt(float(k)), 12, stream);
   COMET_CUDA_CHECK(cudaMemsetAsync(out_m.get(), 0, out_m.bytes(), stream));
@@ -196,6 +311,14 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
     calls.push_back({nullptr, [l, stream] { kernels::launch_expert_gemm_grouped(l, stream); }});
     names.push_back(v.name);
   }
+  // The probe's own 1 x 2-cluster schedule (grouped_gemm_probe_multicast.cu), along N, where W_e is [k][n].
+  const Variant multicast{StandaloneGemm::grouped_160, kernels::GroupRaster::along_m, "coop160x2_n"};
+  kernels::ExpertGemmLaunch multicast_launch = launch_of(multicast);  // writes out_m
+  multicast_launch.raster = kernels::GroupRaster::along_n;
+  if (w_kn) {
+    calls.push_back({nullptr, [multicast_launch, stream] { launch_160_multicast_a(multicast_launch, stream); }});
+    names.push_back(multicast.name);
+  }
   for (GemmPath path : {GemmPath::grouped, GemmPath::loop}) {
     calls.push_back({nullptr, [&problems, &handle, path] { problems.run(handle.get(), path); }});
     names.push_back(std::string("cublas_") + to_string(path));
@@ -211,20 +334,13 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
     kernels::launch_expert_gemm_grouped(launch_of(kVariants[2 * i + 1]), stream);
     differing += differing_words(out_m, out_n, stream);
   }
-  const double flops = 2.0 * total_rows * n * k;
-  const double cublas = std::min(t[t.size() - 2].median_ms, t[t.size() - 1].median_ms);
-  std::printf("  cublas %.3f ms (%.0f TFLOP/s)", cublas, flops / cublas * 1e-9);
-  for (size_t i = 0; i + 2 < t.size(); ++i) std::printf(" | %s %.3f (%.2fx)", names[i].c_str(), t[i].median_ms, cublas / t[i].median_ms);
-  std::printf(" | orders differ in %llu words\n", differing);
-  for (size_t i = 0; i < t.size(); ++i) {
-    std::ostringstream r;
-    r << "{\"model\": \"" << model.name << "\", \"layout\": \"" << layout.name << "\", \"tokens_per_rank\": " << tokens
-      << ", \"launch\": \"" << launch << "\", \"experts\": " << experts << ", \"rows\": " << total_rows
-      << ", \"n\": " << n << ", \"k\": " << k << ", \"variant\": \"" << names[i] << "\", \"median_ms\": " << t[i].median_ms
-      << ", \"min_ms\": " << t[i].min_ms << ", \"max_ms\": " << t[i].max_ms << ", \"tflops\": " << flops / t[i].median_ms * 1e-9
-      << ", \"vs_cublas\": " << cublas / t[i].median_ms << ", \"orders_differing_words\": " << differing << "}";
-    json.push_back(r.str());
+  if (w_kn) {  // the 1 x 2 clusters against the library's 2 x 1 (both 128 x 160, along N)
+    launch_160_multicast_a(multicast_launch, stream);
+    kernels::launch_expert_gemm_grouped(launch_of(kVariants[5]), stream);
+    differing += differing_words(out_m, out_n, stream);
   }
+  report(record_head(model, layout, tokens, launch, experts, total_rows, int(total_rows / experts), n, k), names, t, 2,
+         2.0 * total_rows * n * k, differing, json);
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
   COMET_CUDA_CHECK(cudaStreamDestroy(stream));
 }

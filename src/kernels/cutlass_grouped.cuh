@@ -20,6 +20,7 @@
 
 #include "comet/common.hpp"
 #include "comet/cuda_check.hpp"
+#include "kernels/fused_layers.hpp"
 
 namespace comet::kernels::grouped {
 
@@ -152,17 +153,15 @@ __device__ void write_group(const GroupArrays<G>& g, int e, Problem::UnderlyingP
   g.stride_d[e] = sd;
 }
 
-// The order in which a persistent block walks a group's tiles. CUTLASS's grouped scheduler walks down M
-// (every M-tile of one column block, then the next column block) and applies no swizzle (it needs the
-// groups' shapes on the host); along N walks every column block of one M-tile (of one cluster) first.
-// Where an expert's rows are many and its columns few (a TP shard's narrow N), down M streams the
-// expert's rows from HBM once per column block; along N reads each once while the few B tiles stay in L2.
-enum class Raster { along_m, along_n };
-
+// The tile order (GroupRaster, fused_layers.hpp): CUTLASS's grouped scheduler walks down M by default
+// (every M-tile of a group's column block, then the next column block) and applies no swizzle (that
+// needs the groups' shapes on the host). Along N walks every column block of one M-tile (of one cluster)
+// first: where a group has many M-tiles, down M streams its A from HBM once per column block, along N
+// once while the group's B tiles stay in L2.
 // CUTLASS's arguments for the groups in `g` (beta 1: D += A B, C = D; else D = A B).
 template <class G>
 typename G::Gemm::Arguments arguments(const GroupArrays<G>& g, int groups, bool beta_one, int sms, int device = 0,
-                                      Raster raster = Raster::along_m) {
+                                      GroupRaster raster = GroupRaster::along_m) {
   typename G::Gemm::Arguments args;
   decltype(args.epilogue.thread) fusion{};
   fusion.alpha = 1.f;
@@ -182,7 +181,7 @@ typename G::Gemm::Arguments arguments(const GroupArrays<G>& g, int groups, bool 
                                      {fusion, g.c, g.stride_c, g.d, g.stride_d},
                                      hw};
   using RasterOptions = decltype(args.scheduler.raster_order);
-  args.scheduler.raster_order = raster == Raster::along_n ? RasterOptions::AlongN : RasterOptions::AlongM;
+  args.scheduler.raster_order = raster == GroupRaster::along_n ? RasterOptions::AlongN : RasterOptions::AlongM;
   return args;
 }
 
@@ -230,7 +229,7 @@ std::pair<int, int> check_workspace(int groups, const void* workspace, size_t by
 // Runs G over the groups the setup kernel (already launched on `stream`) wrote into g's arrays; the
 // workspace passed check_workspace.
 template <class G>
-void run(const GroupArrays<G>& g, int groups, bool beta_one, Raster raster, void* workspace, int device, int sms,
+void run(const GroupArrays<G>& g, int groups, bool beta_one, GroupRaster raster, void* workspace, int device, int sms,
          cudaStream_t stream, const char* what) {
   typename G::Gemm gemm;
   const auto args = arguments<G>(g, groups, beta_one, sms, device, raster);
@@ -246,7 +245,7 @@ void run(const GroupArrays<G>& g, int groups, bool beta_one, Raster raster, void
 // `setup(g, sms)` launch the kernel that writes them on `stream`, then runs G (beta_one: D += A B) in
 // `raster` order.
 template <class G, class Setup>
-void launch_groups(int groups, void* workspace, size_t workspace_bytes, bool beta_one, Raster raster, const char* what,
+void launch_groups(int groups, void* workspace, size_t workspace_bytes, bool beta_one, GroupRaster raster, const char* what,
                    cudaStream_t stream, Setup&& setup) {
   const auto [device, sms] = check_workspace<G>(groups, workspace, workspace_bytes, what);
   const GroupArrays<G> g = carve<G>(workspace, groups);

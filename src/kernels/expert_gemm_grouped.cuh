@@ -48,26 +48,6 @@ __global__ void setup_expert_groups(grouped::GroupArrays<G> g, ExpertGemmLaunch 
   }
 }
 
-// The rule for GroupRaster::automatic: along N where an expert's columns span at most kAlongNBlocks
-// column blocks of the schedule's tile, so that its few B tiles stay in L2 while each M-tile of A is
-// read once (down M would stream A once per column block: a TP 8 shard's launch 2 has N = F / 8, two
-// blocks of 160 for Qwen2-57B); down M (CUTLASS's order) elsewhere.
-constexpr int kAlongNBlocks = 4;
-
-template <class Sched>
-grouped::Raster raster_of(const ExpertGemmLaunch& l) {
-  switch (l.raster) {
-    case GroupRaster::along_m:
-      return grouped::Raster::along_m;
-    case GroupRaster::along_n:
-      return grouped::Raster::along_n;
-    case GroupRaster::automatic:
-      break;
-  }
-  constexpr int tile_n = cute::size<1>(typename Sched::TileShape{});
-  return (l.n + tile_n - 1) / tile_n <= kAlongNBlocks ? grouped::Raster::along_n : grouped::Raster::along_m;
-}
-
 template <class LayoutB, class Sched>
 void launch(const ExpertGemmLaunch& l, cudaStream_t stream) {
   using G = ExpertGemm<LayoutB, Sched>;
@@ -79,7 +59,7 @@ void launch(const ExpertGemmLaunch& l, cudaStream_t stream) {
                        : grouped::make_group_stride<typename G::StrideB>(K, 1);
   const auto sd = grouped::make_group_stride<typename G::StrideD>(N, 1);  // D (m, n) at m N + n
   grouped::launch_groups<G>(l.experts, l.workspace, l.workspace_bytes, /*beta_one=*/false,
-                            raster_of<Sched>(l), "expert GEMM (grouped)",
+                            l.raster, "expert GEMM (grouped)",
                             stream, [&](const grouped::GroupArrays<G>& g, int) {
                               setup_expert_groups<G><<<1, 256, 0, stream>>>(g, l, sa, sb, sd);
                             });

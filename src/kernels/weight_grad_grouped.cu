@@ -61,7 +61,7 @@ void launch(const WeightGradLaunch& l, cudaStream_t stream) {
   const auto sa = grouped::make_group_stride<typename G::StrideA>(1, M);  // A (m, k) at m + k M
   const auto sb = grouped::make_group_stride<typename G::StrideB>(1, N);  // B (n, k) at n + k N
   const auto sd = grouped::make_group_stride<typename G::StrideD>(N, 1);  // D (m, n) at m N + n
-  grouped::launch_groups<G>(l.experts, l.workspace, l.workspace_bytes, l.accumulate, grouped::Raster::along_m,
+  grouped::launch_groups<G>(l.experts, l.workspace, l.workspace_bytes, l.accumulate, l.raster,
                             "weight gradient (grouped)",
                             stream, [&](const grouped::GroupArrays<G>& g, int sms) {
                               setup_groups<G><<<l.accumulate ? 1 : 1 + sms, 256, 0, stream>>>(g, l, sa, sb, sd);

@@ -1,8 +1,8 @@
 // The standalone expert GEMM (CUTLASS's grouped GEMM, kernels/expert_gemm_grouped.cuh) in both tile
-// orders, called directly: every schedule against a CPU reference, and down M bitwise equal to along N
-// (the order moves whole tiles between blocks and times, never a K step, so the tuner-free rule that
-// picks it cannot change a result). Experts without rows, partial M-tiles and partial column blocks of
-// every tile width (N = 320: 2.5 x 128, 2 x 160, 1.25 x 256), both weight layouts.
+// orders, called directly: every schedule against a CPU reference, and down M (CUTLASS's order) bitwise
+// equal to along N (ours: the order moves whole tiles between blocks and times, never a K step, so it
+// cannot change a result). Experts without rows, partial M-tiles and partial column blocks of every tile
+// width (N = 320: 2.5 x 128, 2 x 160, 1.25 x 256), both weight layouts.
 #include <gtest/gtest.h>
 
 #include <cmath>

@@ -153,12 +153,10 @@ __device__ void write_group(const GroupArrays<G>& g, int e, Problem::UnderlyingP
   g.stride_d[e] = sd;
 }
 
-// The tile order (GroupRaster, fused_layers.hpp): CUTLASS's grouped scheduler walks down M by default
-// (every M-tile of a group's column block, then the next column block) and applies no swizzle (that
-// needs the groups' shapes on the host). Along N walks every column block of one M-tile (of one cluster)
-// first: where a group has many M-tiles, down M streams its A from HBM once per column block, along N
-// once while the group's B tiles stay in L2.
-// CUTLASS's arguments for the groups in `g` (beta 1: D += A B, C = D; else D = A B).
+// CUTLASS's arguments for the groups in `g` (beta 1: D += A B, C = D; else D = A B), its tiles walked in
+// `raster` order (fused_layers.hpp). CUTLASS's grouped scheduler walks down M unless told, and applies
+// no swizzle (that needs the groups' shapes on the host): where a group has many M-tiles, down M streams
+// its A from HBM once per column block, along N once while the group's few B tiles stay in L2.
 template <class G>
 typename G::Gemm::Arguments arguments(const GroupArrays<G>& g, int groups, bool beta_one, int sms, int device = 0,
                                       GroupRaster raster = GroupRaster::along_m) {

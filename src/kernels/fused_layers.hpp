@@ -126,14 +126,15 @@ struct GradLayer0Launch {
   GridSplit split;
 };
 
+// The order in which CUTLASS's grouped GEMMs (the weight gradients' and the standalone expert GEMM's)
+// walk a group's tiles: down M (CUTLASS's own: every M-tile of a column block, then the next column
+// block) or along N (every column block of an M-tile, then the next M-tile). Either gives the same bits:
+// it moves whole tiles between blocks and times, never a K step.
+enum class GroupRaster : uint8_t { along_m, along_n };
+
 // Weight gradient of every local expert: out_e = P_e^T Q_e over the expert's rows of two gathered
 // buffers (P [rows_cap][p_cols], Q [rows_cap][q_cols]); out [experts][p_cols][q_cols], fp32 or bf16.
 // The rows of P and Q past each expert's valid rows, up to its padded segment end, must be zero.
-// The order in which CUTLASS's grouped GEMMs walk a group's tiles (cutlass_grouped.cuh: Raster): down M
-// (CUTLASS's own) or along N. Either gives the same bits: it moves whole tiles between blocks and times,
-// never a K step.
-enum class GroupRaster : uint8_t { along_m, along_n };
-
 struct WeightGradLaunch {
   const void* p = nullptr;
   int p_cols = 0;
@@ -157,7 +158,6 @@ struct WeightGradLaunch {
 // An expert GEMM with no comm blocks beside it, by CUTLASS's grouped GEMM (expert_gemm_grouped.cu):
 // out rows of expert e = its real rows of A times W_e (the plan's expert_offset / expert_rows; padding
 // rows of out are not written). bf16 throughout.
-
 struct ExpertGemmLaunch {
   const void* a = nullptr;  // [rows_cap][k]
   int k = 0;

@@ -113,11 +113,15 @@ unsigned long long differing_words(const DeviceBuffer& a, const DeviceBuffer& b,
   return count.download<unsigned long long>(1)[0];
 }
 
-struct Variant {
-  StandaloneGemm kernel;
+// One GEMM kernel (StandaloneGemm or WeightGradKernel) in one tile order, by the name the records give it.
+template <class Kernel>
+struct Ordered {
+  Kernel kernel;
   kernels::GroupRaster raster;
   const char* name;
 };
+using Variant = Ordered<StandaloneGemm>;
+using WgradVariant = Ordered<WeightGradKernel>;
 
 const Variant kVariants[] = {
     {StandaloneGemm::grouped, kernels::GroupRaster::along_m, "pingpong128_m"},
@@ -126,12 +130,6 @@ const Variant kVariants[] = {
     {StandaloneGemm::grouped_cooperative, kernels::GroupRaster::along_n, "coop256_n"},
     {StandaloneGemm::grouped_160, kernels::GroupRaster::along_m, "coop160_m"},
     {StandaloneGemm::grouped_160, kernels::GroupRaster::along_n, "coop160_n"},
-};
-
-struct WgradVariant {
-  WeightGradKernel kernel;
-  kernels::GroupRaster raster;
-  const char* name;
 };
 
 const WgradVariant kWgradVariants[] = {

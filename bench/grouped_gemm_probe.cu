@@ -113,6 +113,28 @@ unsigned long long differing_words(const DeviceBuffer& a, const DeviceBuffer& b,
   return count.download<unsigned long long>(1)[0];
 }
 
+// Ends a case's line where its buffers would exceed --mem-limit-gib (false), else flushes it.
+bool fits(double gib, const ProbeOptions& o) {
+  if (gib > o.mem_limit_gib) {
+    std::printf("  skipped: over --mem-limit-gib\n");
+    return false;
+  }
+  std::fflush(stdout);
+  return true;
+}
+
+// A case's stream, synchronised and destroyed when the case ends.
+struct ProbeStream {
+  cudaStream_t stream = nullptr;
+  ProbeStream() { COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~ProbeStream() {
+    cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+  }
+  ProbeStream(const ProbeStream&) = delete;
+  ProbeStream& operator=(const ProbeStream&) = delete;
+};
+
 // One GEMM kernel (StandaloneGemm or WeightGradKernel) in one tile order, by the name the records give it.
 template <class Kernel>
 struct Ordered {
@@ -177,13 +199,9 @@ void probe_wgrad(const Model& model, const Layout& layout, int tokens, const std
   const double gib = (2.0 * cap * (m + n) + 2 * 2.0 * experts * m * n) / (1u << 30);
   std::printf("%-8s %-5s T=%-6d %s  experts %d  rows %ld  M %d  N %d  K/expert ~%ld  (%.1f GiB)", model.name.c_str(),
               layout.name.c_str(), tokens, launch.c_str(), experts, total_rows, m, n, total_rows / experts, gib);
-  if (gib > o.mem_limit_gib) {
-    std::printf("  skipped: over --mem-limit-gib\n");
-    return;
-  }
-  std::fflush(stdout);
-  cudaStream_t stream = nullptr;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (!fits(gib, o)) return;
+  const ProbeStream owned;
+  const cudaStream_t stream = owned.stream;
   DeviceBuffer p(cap * m * 2), q(cap * n * 2), out_m(size_t(experts) * m * n * 2), out_n(size_t(experts) * m * n * 2);
   DeviceBuffer d_offset(offset), d_rows(rows);
   DeviceBuffer workspace(kernels::weight_grad_grouped_workspace_bytes(experts));
@@ -232,8 +250,6 @@ void probe_wgrad(const Model& model, const Layout& layout, int tokens, const std
   }
   report(record_head(model, layout, tokens, launch, experts, total_rows, m, n, int(total_rows / experts)), names, t, 1,
          2.0 * total_rows * m * n, differing, json);
-  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 // One launch of one case: every variant and cuBLAS in rotation. Appends a JSON record per timing.
@@ -260,14 +276,9 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
   const double gib = (2.0 * cap * k + 2.0 * experts * k * n + 2 * 2.0 * cap * n) / (1u << 30);
   std::printf("%-8s %-5s T=%-6d %s  experts %d  rows %ld  M/expert ~%ld  N %d  K %d  (%.1f GiB)", model.name.c_str(),
               layout.name.c_str(), tokens, launch.c_str(), experts, total_rows, total_rows / experts, n, k, gib);
-  if (gib > o.mem_limit_gib) {
-    std::printf("  skipped: over --mem-limit-gib\n");
-    return;
-  }
-  std::fflush(stdout);
-
-  cudaStream_t stream = nullptr;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  if (!fits(gib, o)) return;
+  const ProbeStream owned;
+  const cudaStream_t stream = owned.stream;
   DeviceBuffer a(cap * k * 2), w(size_t(experts) * k * n * 2), out_m(cap * n * 2), out_n(cap * n * 2);
   DeviceBuffer d_offset(offset), d_rows(rows);
   DeviceBuffer workspace(std::max(kernels::expert_gemm_grouped_workspace_bytes(experts), workspace_160_multicast_a(experts)));
@@ -339,8 +350,6 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
   }
   report(record_head(model, layout, tokens, launch, experts, total_rows, int(total_rows / experts), n, k), names, t, 2,
          2.0 * total_rows * n * k, differing, json);
-  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
-  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 int run(int argc, char** argv) {

@@ -1,7 +1,8 @@
-// comet-probe-grouped-gemm: the standalone expert GEMM (CUTLASS's grouped GEMM, kernels/expert_gemm_grouped.cuh)
-// in each schedule and tile order against cuBLAS, on the expert GEMMs of the benchmark's models. Why a
-// probe of its own: the tile order is a launch detail, not a tuner pick, so comet-bench never times it
-// apart; this measures which order a shape wants, and checks on the way that both orders give the same bits.
+// comet-probe-grouped-gemm: CUTLASS's grouped GEMMs (the standalone expert GEMM, kernels/expert_gemm_grouped.cuh,
+// and the weight gradients', kernels/weight_grad_grouped.cu) in each schedule and tile order against cuBLAS,
+// on the expert GEMMs of the benchmark's models. Why a probe of its own: the tile order (GroupRaster) is a
+// launch detail, not a tuner pick, so comet-bench never times it apart; this measures which order a shape
+// wants, and checks on the way that both orders give the same bits.
 //
 // Per case (model, layout, tokens per rank; rank 0's experts under uniform top-k routing of W ranks' tokens):
 //   l1: Y = h W1_e^T    (K = F / tp, N = H; W1_e [H][F_s])    the forward's layer 1
@@ -25,7 +26,6 @@
 #include "baselines/expert_gemm.hpp"
 #include "comet/cuda_check.hpp"
 #include "event_timer.hpp"
-#include "grouped_gemm_probe_multicast.hpp"
 #include "harness/device_buffer.hpp"
 #include "harness/device_random.hpp"
 #include "kernels/fused_layers.hpp"
@@ -42,7 +42,7 @@ struct ProbeOptions {
   std::vector<std::string> models{"mixtral", "qwen2", "phi35", "qwen57", "deepseek"};
   std::vector<std::string> layouts{"ep8", "tp8"};
   std::vector<int> tokens{1024, 4096, 16384};
-  std::vector<std::string> launches{"l1", "l2", "l3"};
+  std::vector<std::string> launches{"l1", "l2", "l3", "w1", "w0"};
   int reps = 8, warmup = 2;
   double mem_limit_gib = 60;
   std::string out = "grouped_gemm_probe.json";
@@ -281,7 +281,7 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
   const cudaStream_t stream = owned.stream;
   DeviceBuffer a(cap * k * 2), w(size_t(experts) * k * n * 2), out_m(cap * n * 2), out_n(cap * n * 2);
   DeviceBuffer d_offset(offset), d_rows(rows);
-  DeviceBuffer workspace(std::max(kernels::expert_gemm_grouped_workspace_bytes(experts), workspace_160_multicast_a(experts)));
+  DeviceBuffer workspace(kernels::expert_gemm_grouped_workspace_bytes(experts));
   testing::fill_random_bf16(a.get(), cap * k, 1.0f, 11, stream);
   testing::fill_random_bf16(w.get(), size_t(experts) * k * n, 1.0f / std::sqrt(float(k)), 12, stream);
   COMET_CUDA_CHECK(cudaMemsetAsync(out_m.get(), 0, out_m.bytes(), stream));
@@ -320,14 +320,6 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
     calls.push_back({nullptr, [l, stream] { kernels::launch_expert_gemm_grouped(l, stream); }});
     names.push_back(v.name);
   }
-  // The probe's own 1 x 2-cluster schedule (grouped_gemm_probe_multicast.cu), along N, where W_e is [k][n].
-  const Variant multicast{StandaloneGemm::grouped_160, kernels::GroupRaster::along_m, "coop160x2_n"};
-  kernels::ExpertGemmLaunch multicast_launch = launch_of(multicast);  // writes out_m
-  multicast_launch.raster = kernels::GroupRaster::along_n;
-  if (w_kn) {
-    calls.push_back({nullptr, [multicast_launch, stream] { launch_160_multicast_a(multicast_launch, stream); }});
-    names.push_back(multicast.name);
-  }
   for (GemmPath path : {GemmPath::grouped, GemmPath::loop}) {
     calls.push_back({nullptr, [&problems, &handle, path] { problems.run(handle.get(), path); }});
     names.push_back(std::string("cublas_") + to_string(path));
@@ -341,11 +333,6 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
   for (int i = 0; i < 3; ++i) {
     kernels::launch_expert_gemm_grouped(launch_of(kVariants[2 * i]), stream);
     kernels::launch_expert_gemm_grouped(launch_of(kVariants[2 * i + 1]), stream);
-    differing += differing_words(out_m, out_n, stream);
-  }
-  if (w_kn) {  // the 1 x 2 clusters against the library's 2 x 1 (both 128 x 160, along N)
-    launch_160_multicast_a(multicast_launch, stream);
-    kernels::launch_expert_gemm_grouped(launch_of(kVariants[5]), stream);
     differing += differing_words(out_m, out_n, stream);
   }
   report(record_head(model, layout, tokens, launch, experts, total_rows, int(total_rows / experts), n, k), names, t, 2,

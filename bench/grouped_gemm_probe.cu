@@ -18,7 +18,6 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -28,6 +27,7 @@
 #include "event_timer.hpp"
 #include "harness/device_buffer.hpp"
 #include "harness/device_random.hpp"
+#include "harness/routing_gen.hpp"
 #include "kernels/fused_layers.hpp"
 #include "models.hpp"
 
@@ -77,20 +77,14 @@ ProbeOptions parse(int argc, char** argv) {
   return o;
 }
 
-// Rank 0's rows per local expert: W ranks' tokens, each routed to top_k distinct experts uniformly.
+// Rank 0's rows per local expert under the harness's uniform routing of W ranks' tokens (as comet-bench's).
 std::vector<int> rows_per_expert(const MoeShape& s, const Parallel& par, int tokens, uint64_t seed) {
-  const int local = par.local_experts(s);
+  const int first = par.first_local_expert(s, 0), local = par.local_experts(s);
   std::vector<int> rows(local, 0);
-  std::mt19937_64 rng(seed);
-  std::vector<int> ids(s.num_experts);
-  for (long t = 0; t < long(tokens) * par.world(); ++t) {
-    for (int e = 0; e < s.num_experts; ++e) ids[e] = e;
-    for (int j = 0; j < s.topk; ++j) {  // a partial Fisher-Yates draw of top_k distinct experts
-      std::uniform_int_distribution<int> pick(j, s.num_experts - 1);
-      std::swap(ids[j], ids[pick(rng)]);
-      if (ids[j] < local) ++rows[ids[j]];
-    }
-  }
+  const std::vector<int> tokens_per_rank(par.world(), tokens);
+  for (const testing::RankRouting& r : testing::make_routing(s, par, tokens_per_rank, testing::RoutingKind::uniform, seed))
+    for (int32_t e : r.ids)
+      if (e >= first && e < first + local) ++rows[e - first];
   return rows;
 }
 

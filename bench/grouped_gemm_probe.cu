@@ -4,6 +4,8 @@
 // launch detail, not a tuner pick, so comet-bench never times it apart; this measures which order a shape
 // wants, and checks on the way that both orders give the same bits.
 //
+// Beside the library's schedules it times tiles the library does not compile (probe_tiles.hpp), along N.
+//
 // Per case (model, layout, tokens per rank; rank 0's experts under uniform top-k routing of W ranks' tokens):
 //   l1: Y = h W1_e^T    (K = F / tp, N = H; W1_e [H][F_s])    the forward's layer 1
 //   l2: D = G W1_e      (K = H, N = F / tp; W1_e [H][F_s])    the backward's launch 2
@@ -30,6 +32,7 @@
 #include "harness/routing_gen.hpp"
 #include "kernels/fused_layers.hpp"
 #include "models.hpp"
+#include "probe_tiles.hpp"
 
 namespace comet::bench {
 namespace {
@@ -198,7 +201,10 @@ void probe_wgrad(const Model& model, const Layout& layout, int tokens, const std
   const cudaStream_t stream = owned.stream;
   DeviceBuffer p(cap * m * 2), q(cap * n * 2), out_m(size_t(experts) * m * n * 2), out_n(size_t(experts) * m * n * 2);
   DeviceBuffer d_offset(offset), d_rows(rows);
-  DeviceBuffer workspace(kernels::weight_grad_grouped_workspace_bytes(experts));
+  const std::vector<probe_tiles::WgradSchedule> extra = probe_tiles::wgrad_schedules();
+  size_t workspace_bytes = kernels::weight_grad_grouped_workspace_bytes(experts);
+  for (const auto& x : extra) workspace_bytes = std::max(workspace_bytes, x.workspace_bytes(experts));
+  DeviceBuffer workspace(workspace_bytes);
   testing::fill_random_bf16(p.get(), cap * m, 1.0f, 13, stream);
   testing::fill_random_bf16(q.get(), cap * n, 1.0f, 14, stream);
   auto launch_of = [&](WeightGradKernel kernel, kernels::GroupRaster raster) {
@@ -228,6 +234,11 @@ void probe_wgrad(const Model& model, const Layout& layout, int tokens, const std
     calls.push_back({nullptr, [l, stream] { kernels::launch_weight_grad(l, stream); }});
     names.push_back(v.name);
   }
+  for (const probe_tiles::WgradSchedule& x : extra) {
+    const kernels::WeightGradLaunch l = launch_of(WeightGradKernel::grouped_cooperative, kernels::GroupRaster::along_n);
+    calls.push_back({nullptr, [l, x, stream] { x.launch(l, stream); }});
+    names.push_back(x.name);
+  }
   baselines::CublasHandle handle(stream);
   std::vector<baselines::RowBlock> blocks;
   for (int e = 0; e < experts; ++e) blocks.push_back({e, offset[e], rows[e]});
@@ -240,6 +251,10 @@ void probe_wgrad(const Model& model, const Layout& layout, int tokens, const std
   for (int i = 0; i < 2; ++i) {  // each grouped kernel in both orders, then compared
     kernels::launch_weight_grad(launch_of(kWgradVariants[2 * i].kernel, kernels::GroupRaster::along_m), stream);
     kernels::launch_weight_grad(launch_of(kWgradVariants[2 * i].kernel, kernels::GroupRaster::along_n), stream);
+    differing += differing_words(out_m, out_n, stream);
+  }
+  for (const probe_tiles::WgradSchedule& x : extra) {  // each extra tile against the cooperative kernel's bits
+    x.launch(launch_of(WeightGradKernel::grouped_cooperative, kernels::GroupRaster::along_n), stream);
     differing += differing_words(out_m, out_n, stream);
   }
   report(record_head(model, layout, tokens, launch, experts, total_rows, m, n, int(total_rows / experts)), names, t, 1,
@@ -275,7 +290,11 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
   const cudaStream_t stream = owned.stream;
   DeviceBuffer a(cap * k * 2), w(size_t(experts) * k * n * 2), out_m(cap * n * 2), out_n(cap * n * 2);
   DeviceBuffer d_offset(offset), d_rows(rows);
-  DeviceBuffer workspace(kernels::expert_gemm_grouped_workspace_bytes(experts));
+  const std::vector<probe_tiles::ExpertSchedule> extra{probe_tiles::expert_128x320(), probe_tiles::expert_256x160(),
+                                                      probe_tiles::expert_256x128()};
+  size_t workspace_bytes = kernels::expert_gemm_grouped_workspace_bytes(experts);
+  for (const auto& x : extra) workspace_bytes = std::max(workspace_bytes, x.workspace_bytes(experts));
+  DeviceBuffer workspace(workspace_bytes);
   testing::fill_random_bf16(a.get(), cap * k, 1.0f, 11, stream);
   testing::fill_random_bf16(w.get(), size_t(experts) * k * n, 1.0f / std::sqrt(float(k)), 12, stream);
   COMET_CUDA_CHECK(cudaMemsetAsync(out_m.get(), 0, out_m.bytes(), stream));
@@ -314,6 +333,11 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
     calls.push_back({nullptr, [l, stream] { kernels::launch_expert_gemm_grouped(l, stream); }});
     names.push_back(v.name);
   }
+  for (const probe_tiles::ExpertSchedule& x : extra) {
+    const kernels::ExpertGemmLaunch l = launch_of(kVariants[5]);  // along N into out_n; x.launch ignores l.kernel
+    calls.push_back({nullptr, [l, x, stream] { x.launch(l, stream); }});
+    names.push_back(x.name);
+  }
   for (GemmPath path : {GemmPath::grouped, GemmPath::loop}) {
     calls.push_back({nullptr, [&problems, &handle, path] { problems.run(handle.get(), path); }});
     names.push_back(std::string("cublas_") + to_string(path));
@@ -327,6 +351,10 @@ void probe_launch(const Model& model, const Layout& layout, int tokens, const st
   for (int i = 0; i < 3; ++i) {
     kernels::launch_expert_gemm_grouped(launch_of(kVariants[2 * i]), stream);
     kernels::launch_expert_gemm_grouped(launch_of(kVariants[2 * i + 1]), stream);
+    differing += differing_words(out_m, out_n, stream);
+  }
+  for (const probe_tiles::ExpertSchedule& x : extra) {  // each extra tile against the library's down-M bits
+    x.launch(launch_of(kVariants[5]), stream);
     differing += differing_words(out_m, out_n, stream);
   }
   report(record_head(model, layout, tokens, launch, experts, total_rows, int(total_rows / experts), n, k), names, t, 2,

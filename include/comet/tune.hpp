@@ -23,13 +23,16 @@ constexpr int kLoadClasses = 4;  // TuneKey::load: 1, 2, 4, 8
 //   2  the backward of layer 1: layer 0's kind of kernel (pull of output gradients + G W1)
 //   3  the backward of layer 0: layer 1's kind of kernel (dPre W0 + combine)
 inline constexpr int kLaunchLayers = 4;
+// Not a fused launch: the weight gradients' GEMM (no comm). Its keys ("l4") hold the measured
+// WeightGradKernel of a case (LayerVariant::weight_grad; comet-tune --wgrad-runs).
+inline constexpr int kWeightGradLaunch = 4;
 // 0: the comm blocks pull (layers 0 and 2), 1: they combine (layers 1 and 3).
 inline constexpr int comm_kind(int layer) { return layer % 2; }
 
 struct TuneKey {
   std::string gpu;  // device name, e.g. "NVIDIA H200"
   int sms = 0;
-  int layer = 0;  // a launch id above: 0..3
+  int layer = 0;  // a launch id above: 0..3, or kWeightGradLaunch
   int hidden = 0, ffn = 0, experts = 0, topk = 0;
   int world = 0, ep = 0, tp = 0;
   Link link = Link::device;

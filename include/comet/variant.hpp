@@ -110,6 +110,9 @@ struct LayerVariant {
   // With n_comm 0 and our GEMM in layers 1 and 3: the GEMM and the combine in one launch (comet-tune
   // sets it where that measured faster than two launches on the case).
   bool one_launch = false;
+  // Entries of the weight gradients' keys (kWeightGradLaunch, comet/tune.hpp) only: the GEMM measured
+  // fastest on the case (the other fields are unused there).
+  WeightGradKernel weight_grad = WeightGradKernel::automatic;
 };
 
 // fused:      comm blocks inside the GEMM kernel (n_comm > 0).

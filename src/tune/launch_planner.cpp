@@ -197,8 +197,18 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
 //    won at H = 3584, which the H200 runs had no model with: Qwen2-57B at 4096 and 16384 rows per expert,
 //    by 0.3-4.6 % on EP 8 and 3.3 % / 22 % on TP 8 (14.2 against 18.3 ms at 16384 tokens). So H >= 3072.
 //  * Our persistent kernel otherwise.
+// A measured pick in the table (kWeightGradLaunch keys, comet-tune --wgrad-runs) comes first: the rule
+// misses by 2-4 % in a third of the H100's 29 backward cases (DeepSeek-V3 EP 8 at 4096 tokens: ping-pong
+// 5.17 against the cooperative kernel's 4.79 ms). The GEMM has no comm, so an entry of either link
+// serves.
 WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested) const {
   if (requested != WeightGradKernel::automatic) return requested;
+  TuneKey k = key(kWeightGradLaunch, tokens);
+  for (Link link : {link_, link_ == Link::host ? Link::device : Link::host}) {
+    k.link = link;
+    if (const TuneEntry* e = table_.find(k); e && e->variant.weight_grad != WeightGradKernel::automatic)
+      return e->variant.weight_grad;
+  }
   const int local_experts = par_.local_experts(shape_);
   const double rows_per_expert = expected_rows(shape_, par_, tokens) / local_experts;
   if (rows_per_expert <= 2048 && local_experts >= 2 && par_.ffn_shard(shape_) >= 512) return WeightGradKernel::grouped;

@@ -332,6 +332,30 @@ TEST(LaunchPlanner, WeightGradKernelByShape) {
   EXPECT_EQ(LaunchPlanner(kMixtral, ep8, Link::device, h200_like(), {}).weight_grad_kernel(1024, K::grouped), K::grouped);
 }
 
+// A measured weight-gradient pick (the table's kWeightGradLaunch key, of either link) comes before the rule;
+// a request before both; a key of other tokens or another shape says nothing.
+TEST(LaunchPlanner, WeightGradKernelFromTheTable) {
+  using K = WeightGradKernel;
+  const Parallel ep8{8, 1};
+  const LaunchPlanner probe = planner(ep8);  // host link
+  TuneTable t;
+  LayerVariant persistent;
+  persistent.weight_grad = K::persistent;
+  TuneKey device_key = probe.key(kWeightGradLaunch, 16384);
+  device_key.link = Link::device;  // measured on the device link: serves the host link's planner too
+  t.put(device_key, TuneEntry{persistent, 1.0});
+  LayerVariant pingpong;
+  pingpong.weight_grad = K::grouped;
+  t.put(probe.key(kWeightGradLaunch, 4096), TuneEntry{pingpong, 1.0});
+  const LaunchPlanner p = planner(ep8, t);
+  EXPECT_EQ(p.weight_grad_kernel(16384, K::automatic), K::persistent);  // the rule: cooperative (one expert, H 4096)
+  EXPECT_EQ(p.weight_grad_kernel(4096, K::automatic), K::grouped);
+  EXPECT_EQ(p.weight_grad_kernel(1024, K::automatic), K::persistent);   // no entry: the rule
+  EXPECT_EQ(p.weight_grad_kernel(16384, K::grouped_cooperative), K::grouped_cooperative);
+  const MoeShape qwen2{2048, 1408, 64, 4, Activation::swiglu};
+  EXPECT_EQ(LaunchPlanner(qwen2, ep8, Link::host, h200_like(), t).weight_grad_kernel(4096, K::automatic), K::grouped);
+}
+
 // The standalone GEMM: only where a launch's GEMM runs without comm blocks beside it (gemm_only, or the
 // sequential schedule) and is a plain product (not layer 0's, which applies the activation).
 TEST(LaunchPlanner, StandaloneGemmOnlyWhereTheGemmRunsAlone) {

@@ -367,3 +367,35 @@ TEST(TuneTable, StandaloneGemmNamesRoundTrip) {
   }
   std::remove(path.c_str());
 }
+
+// A weight-gradient entry (kWeightGradLaunch key) keeps its kernel through a save and a load; an entry
+// without one reads as automatic; an unknown name is refused.
+TEST(TuneTable, WeightGradKernelRoundTrips) {
+  TuneTable t;
+  LayerVariant v;
+  v.tile_n = 0;
+  v.n_comm = 0;
+  v.weight_grad = WeightGradKernel::grouped_cooperative;
+  t.put(key_for(kWeightGradLaunch, 4096), TuneEntry{v, 2.5});
+  t.put(key_for(1, 4096), TuneEntry{LayerVariant{256, 8, 0, 1}, 1.0});
+  const std::string path = temp_path("wgrad_entry.json");
+  t.save(path);
+  const TuneTable back = TuneTable::load(path);
+  EXPECT_EQ(back.find(key_for(kWeightGradLaunch, 4096))->variant.weight_grad, WeightGradKernel::grouped_cooperative);
+  EXPECT_EQ(back.find(key_for(1, 4096))->variant.weight_grad, WeightGradKernel::automatic);
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::string json = text.str();
+  json.replace(json.find("grouped_cooperative"), 19, "grouped_cooperatvie");
+  std::ofstream(path) << json;
+  try {
+    TuneTable::load(path);
+    ADD_FAILURE() << "a table naming grouped_cooperatvie loaded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("weight_grad_kernel 'grouped_cooperatvie' is not auto, persistent, grouped or "
+                                         "grouped_cooperative"),
+              std::string::npos)
+        << e.what();
+  }
+  std::remove(path.c_str());
+}

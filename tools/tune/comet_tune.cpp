@@ -21,10 +21,13 @@
 //       standalone-GEMM records (comet-bench --standalone-gemms: modes gemm_<name>), so that a one-GPU run
 //       can add CUTLASS's grouped GEMMs to picks swept elsewhere (its other records would replace points
 //       of those sweeps); --one-launch-runs files (comet-bench --paired --one-launch-ab) set where layer
-//       1's sequential entries run as one launch (one_launch_runs.hpp)
-//   comet-tune --gemm-runs JSON... / --standalone-runs JSON... / --one-launch-runs JSON... (without
-//   --from-results)
-//       refines the table's own sequential-mode entries with those runs: width, standalone GEMM, one launch
+//       1's sequential entries run as one launch (one_launch_runs.hpp); the weight-gradient records
+//       ("wgrad comet") of the --from-results and --wgrad-runs files set each case's weight-gradient GEMM
+//       (weight_grad_runs.hpp)
+//   comet-tune --gemm-runs JSON... / --standalone-runs JSON... / --one-launch-runs JSON... /
+//   --wgrad-runs JSON... (without --from-results)
+//       refines the table's own sequential-mode entries with those runs: width, standalone GEMM, one launch;
+//       the weight gradients' entries from theirs
 //   comet-tune --evaluate a.json [...] [--table PATH] [--measured-work] [--sequential-margin X]
 //       for every case of those results, the variant the tuner picks (table, else cost model) against
 //       the best of the case's measured n_comm sweep (picks among the swept values are exact; others
@@ -58,6 +61,7 @@
 #include "gemm_width_runs.hpp"
 #include "link_what_if.hpp"
 #include "one_launch_runs.hpp"
+#include "weight_grad_runs.hpp"
 #include "table_from_results.hpp"
 #include "tune_records.hpp"
 
@@ -75,6 +79,7 @@ struct Args {
   std::vector<std::string> gemm_runs;  // --from-results: paired GEMM-alone runs, the n_comm-0 picks' widths
   std::vector<std::string> standalone_runs;  // --from-results: files whose gemm_<name> records alone count
   std::vector<std::string> one_launch_runs;  // comet-bench --one-launch-ab files: one launch or two (layer 1)
+  std::vector<std::string> wgrad_runs;       // backward runs: their "wgrad comet" records alone count
   bool entries_only = false;           // --from-results: the picks only, no cost-model refit
   std::string model, layout = "ep8", link = "host", tokens = "1024,4096", n_comm = "0,1,2,4,8,16,24,32";
   // Measuring: the uniform sweep fills the keys (load class 1) and calibrates the cost model; the Zipf
@@ -243,6 +248,8 @@ int main(int argc, char** argv) {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.standalone_runs.push_back(argv[++i]);
     } else if (s == "--one-launch-runs") {
       while (i + 1 < argc && argv[i + 1][0] != '-') a.one_launch_runs.push_back(argv[++i]);
+    } else if (s == "--wgrad-runs") {
+      while (i + 1 < argc && argv[i + 1][0] != '-') a.wgrad_runs.push_back(argv[++i]);
     } else if (s == "--model") a.model = value();
     else if (s == "--layout") a.layout = value();
     else if (s == "--link") a.link = value();
@@ -263,9 +270,10 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "usage: comet-tune (--model M [--layout L] [--link host|device] [--tokens LIST] [--n-comm LIST]"
                            " [--routings uniform,zipf1.2]"
                            " | --from-results JSON... [--tile-runs JSON...] [--gemm-runs JSON...]"
-                           " [--standalone-runs JSON...] [--one-launch-runs JSON...] [--entries-only]"
-                           " [--transport T]"
-                           " | --gemm-runs JSON... | --standalone-runs JSON... | --one-launch-runs JSON...)"
+                           " [--standalone-runs JSON...] [--one-launch-runs JSON...] [--wgrad-runs JSON...]"
+                           " [--entries-only] [--transport T]"
+                           " | --gemm-runs JSON... | --standalone-runs JSON... | --one-launch-runs JSON..."
+                           " | --wgrad-runs JSON...)"
                            " [--table PATH]"
                            " | --evaluate JSON... [--measured-work] [--dump-work] [--sequential-margin X]"
                            " | --what-if-link GBPS [--latency-scale X] [--tokens LIST]"
@@ -302,11 +310,11 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (!a.model.empty()) a.results.push_back(measure(a));
-    const bool refine =
-        a.results.empty() && (!a.gemm_runs.empty() || !a.standalone_runs.empty() || !a.one_launch_runs.empty());
+    const bool refine = a.results.empty() && (!a.gemm_runs.empty() || !a.standalone_runs.empty() ||
+                                              !a.one_launch_runs.empty() || !a.wgrad_runs.empty());
     if (a.results.empty() && !refine)
-      throw InvalidArgument("comet-tune: nothing to do (--model, --from-results, --gemm-runs, --standalone-runs or "
-                            "--one-launch-runs)");
+      throw InvalidArgument("comet-tune: nothing to do (--model, --from-results, --gemm-runs, --standalone-runs, "
+                            "--one-launch-runs or --wgrad-runs)");
     std::vector<json> records;
     for (const auto& p : a.results) {
       auto r = read_records(p);
@@ -335,7 +343,8 @@ int main(int argc, char** argv) {
     });
     TuneTable table = TuneTable::load(a.table);
     if (refine) {
-      std::printf("comet-tune: the sequential-mode entries of %s that the runs cover\n", a.table.c_str());
+      if (!keys.empty())
+        std::printf("comet-tune: the sequential-mode entries of %s that the runs cover\n", a.table.c_str());
       refine_entries(keys, standalone, widths, table);
     } else {
       std::printf("comet-tune: %zu records -> %s\n", records.size(), a.table.c_str());
@@ -350,6 +359,18 @@ int main(int argc, char** argv) {
       const auto pairs = tune_tool::one_launch_pairs(ab, a.sms, ab_keys);
       std::printf("comet-tune: layer 1's sequential entries against %zu one-launch A/B pairs\n", pairs.size());
       tune_tool::apply_one_launch(pairs, ab_keys, tune_tool::kMeasuredGain, table);
+    }
+    std::map<std::string, tune_tool::WeightGradRuns> wgrad;  // one run per file
+    for (const auto* files : {&a.results, &a.wgrad_runs})
+      for (const auto& p : *files) {
+        std::vector<json> run;
+        for (json& r : read_records(p))
+          if (of_transport(r, a.transport)) run.push_back(std::move(r));
+        tune_tool::add_weight_grad_runs(run, a.sms, wgrad);
+      }
+    if (!wgrad.empty()) {
+      std::printf("comet-tune: the weight gradients' GEMM of %zu cases\n", wgrad.size());
+      tune_tool::apply_weight_grad_runs(wgrad, table);
     }
     table.save(a.table);
     std::printf("comet-tune: table holds %zu entries\n", table.size());

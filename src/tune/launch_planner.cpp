@@ -197,10 +197,11 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
 //    won at H = 3584, which the H200 runs had no model with: Qwen2-57B at 4096 and 16384 rows per expert,
 //    by 0.3-4.6 % on EP 8 and 3.3 % / 22 % on TP 8 (14.2 against 18.3 ms at 16384 tokens). So H >= 3072.
 //  * Our persistent kernel otherwise.
-// A measured pick in the table (kWeightGradLaunch keys, comet-tune --wgrad-runs) comes first: the rule
-// misses by 2-4 % in a third of the H100's 29 backward cases (DeepSeek-V3 EP 8 at 4096 tokens: ping-pong
-// 5.17 against the cooperative kernel's 4.79 ms). The GEMM has no comm, so an entry of either link
-// serves.
+// A measured pick in the table (kWeightGradLaunch keys, comet-tune --wgrad-runs) comes first: on the
+// H100 the rule missed the fastest kernel in 10 of 29 backward cases, by up to 11 % of the weight
+// gradients' time and 3.4 % of the backward's (Qwen2 TP 8 at 16384 tokens: ours 2.63 against the
+// cooperative kernel's 2.37 ms; bench/results/h100_gemm_order_b5052c0/bwd_shipped.json). The GEMM has no
+// comm, so an entry of either link serves.
 WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested) const {
   if (requested != WeightGradKernel::automatic) return requested;
   TuneKey k = key(kWeightGradLaunch, tokens);

@@ -142,8 +142,9 @@ struct TuneEntry {
 };
 
 // The persisted table (JSON). Two of them make the table a FusedMoe uses by default (load_default):
-//  * the shipped table: measured on the H200, plus 178 bf16 H100 entries, 58 of them the backward's
-//    (bench/results/h200_tune_table.json; keys carry the GPU's name), installed with comet
+//  * the shipped table: measured on the H200, plus 207 bf16 H100 entries, 58 of them the backward's
+//    launches' and 29 the weight gradients' (bench/results/h200_tune_table.json; keys carry the GPU's
+//    name), installed with comet
 //    (the Python package carries it as package data and points shipped_path() at it);
 //  * the user's table, which comet-tune fills: $COMET_TUNE_TABLE, else $XDG_CACHE_HOME/comet/tune.json,
 //    else ~/.cache/comet/tune.json. Its entries and models override the shipped ones key by key.

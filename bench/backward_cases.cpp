@@ -133,26 +133,46 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     }
     // Its weight-gradient kernels alone, where the backward runs them (after the gate partials): the
     // persistent kernel (mode gemm_only) and CUTLASS's grouped GEMMs (modes grouped, grouped_cooperative).
+    // With --paired in rotation (comet-tune --wgrad-runs picks among them), else one after another; a
+    // kernel the case refuses drops the rotation and is reported.
+    std::vector<TimedCall> wgrad_calls;
     for (const auto& [kernel, mode] : wgrad_kernels) {
       BackwardOptions w = bo;
       w.weight_grad_kernel = kernel;
-      Timing t;
+      wgrad_calls.push_back({[&] {
+                               forward();
+                               up_to_gates();
+                             },
+                             [&, w] {
+                               moe.grad_weights1(0, g0, w);
+                               moe.grad_weights0(0, g0, w);
+                             }});
+    }
+    std::vector<Timing> wgrad_times;
+    if (o_.paired) {
       try {
-        t = time(
-            [&] {
-              forward();
-              up_to_gates();
-            },
-            [&] {
-              moe.grad_weights1(0, g0, w);
-              moe.grad_weights0(0, g0, w);
-            });
-      } catch (const InvalidArgument& e) {  // a variant the case cannot run: say so, keep the case's other records
-        line += std::string(" | wgrad comet ") + mode + " refused (" + e.what() + ")";
-        continue;
+        wgrad_times = timer_.measure_rotation(team_->stream(0), warmup_, o_.reps, wgrad_calls,
+                                              [&] { moe_->sync_and_check(); });
+      } catch (const InvalidArgument&) {
+        wgrad_times.clear();  // timed one by one below, where the refusal is reported
+      }
+    }
+    for (size_t i = 0; i < wgrad_calls.size(); ++i) {
+      const auto& [kernel, mode] = wgrad_kernels[i];
+      Timing t;
+      if (!wgrad_times.empty()) {
+        t = wgrad_times[i];
+      } else {
+        try {
+          t = time(wgrad_calls[i].pre, wgrad_calls[i].fn);
+        } catch (const InvalidArgument& e) {  // a variant the case cannot run: say so, keep the case's other records
+          line += std::string(" | wgrad comet ") + mode + " refused (" + e.what() + ")";
+          continue;
+        }
       }
       Record r = base(in, "wgrad", "comet");
       r.mode = mode;
+      r.paired = !wgrad_times.empty();
       add_record(out, r, t, flops_wgrad, false, c);
       line += std::string(" | wgrad comet ") + (kernel == WeightGradKernel::persistent ? "" : std::string(mode) + " ");
       note("%.3f", t.median_ms);

@@ -29,7 +29,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   const std::pair<WeightGradKernel, const char*> wgrad_kernels[] = {{WeightGradKernel::persistent, "gemm_only"},
                                                                    {WeightGradKernel::grouped, "grouped"},
                                                                    {WeightGradKernel::grouped_cooperative,
-                                                                    "grouped_cooperative"}};
+                                                                    "grouped_cooperative"},
+                                                                   {WeightGradKernel::grouped_320, "grouped_320"}};
   std::string line;
   auto note = [&](const char* fmt, double v) {
     char buf[64];
@@ -82,7 +83,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.tile_n = moe.decision(2, 0, LayerMode::fused, pick).tile_n;  // launch 3's may differ (not recorded)
       r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
                     moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
-                    "+wgrad:" + to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel));
+                    "+wgrad:" + to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, fs)) + "/" +
+                    to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, H));
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {

@@ -37,16 +37,17 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            picked_by fused_act
   --standalone-gemms       also time each GEMM that layers 1-3 may run alone (gemm_only, or the
                            sequential schedule's GEMM launch): records of modes gemm_comet, gemm_grouped,
-                           gemm_grouped_cooperative and gemm_grouped_160 (CUTLASS's grouped GEMMs) beside
+                           gemm_grouped_cooperative, gemm_grouped_160 and gemm_grouped_320 (CUTLASS's) beside
                            gemm_only (the planner's pick, named in picked_by), for l1-l3 and for dgrad
   --one-launch-ab          with --paired, where the tuned layer 1 takes the sequential schedule with our
                            GEMM: also that schedule the other way (one launch <-> a GEMM launch and a
                            combine launch, LayerRequest::one_launch), in the same rotation as the tuned
                            run and the baseline (l1, fwd): records of mode ab_one_launch_on / _off
   --wgrad-kernel NAME      the GEMM comet's backward makes its weight gradients with: auto (the
-                           planner's rule), persistent, grouped or grouped_cooperative (default: auto);
-                           either way "wgrad comet" records time each: the persistent kernel (mode
-                           gemm_only) and CUTLASS's grouped GEMMs (modes grouped, grouped_cooperative)
+                           planner's pick), persistent, grouped, grouped_cooperative or grouped_320
+                           (default: auto); either way "wgrad comet" records time each: the persistent
+                           kernel (mode gemm_only) and CUTLASS's grouped GEMMs (modes grouped,
+                           grouped_cooperative, grouped_320)
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
@@ -216,7 +217,7 @@ BenchOptions parse_options(int argc, char** argv) {
     } else if (a == "--wgrad-kernel") {
       const std::string name = value();
       const std::optional<WeightGradKernel> k = weight_grad_kernel_named(name);
-      if (!k) throw InvalidArgument(detail::concat("--wgrad-kernel: auto, persistent, grouped or grouped_cooperative, got '", name, "'"));
+      if (!k) throw InvalidArgument(detail::concat("--wgrad-kernel: auto, persistent, grouped, grouped_cooperative or grouped_320, got '", name, "'"));
       o.wgrad_kernel = *k;
     } else if (a == "--estimate") {
       o.estimate_only = true;

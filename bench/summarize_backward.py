@@ -75,10 +75,12 @@ def link_table(link, cases):
         if chunked:
             chunked_paired.append(bool(chunked.get("paired")))
         wc, wb = find(rs, "wgrad", "comet", "gemm_only"), find(rs, "wgrad", "cublas")
-        wg = [find(rs, "wgrad", "comet", m) for m in ("grouped", "grouped_cooperative")]
-        # The kernel the backward ran (picked_by "...+wgrad:<kernel>", comet-bench after 0bf5199).
-        ran = comet.get("picked_by", "").partition("+wgrad:")[2]
-        wr = {"persistent": wc, "grouped": wg[0], "grouped_cooperative": wg[1]}.get(ran) or wc
+        wg = [find(rs, "wgrad", "comet", m) for m in ("grouped", "grouped_cooperative", "grouped_320")]
+        # The kernel the backward ran (picked_by "...+wgrad:<kernel>", comet-bench after 0bf5199; since the
+        # fifteenth session "+wgrad:<dW1's>/<dW0's>": a pair of two kernels has no record of its own).
+        ran = set(comet.get("picked_by", "").partition("+wgrad:")[2].split("/"))
+        ran = ran.pop() if len(ran) == 1 else ""
+        wr = {"persistent": wc, "grouped": wg[0], "grouped_cooperative": wg[1], "grouped_320": wg[2]}.get(ran) or wc
         if ran:
             wgrad_ran.append(ratio(wb, wr))
         dc, db = find(rs, "dgrad", "comet", "gemm_only"), find(rs, "dgrad", "cublas")

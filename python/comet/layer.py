@@ -89,7 +89,7 @@ class MoELayer(nn.Module):
     training=False (inference) does without them; its backward raises.
     fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE).
     weight_grad_kernel: which GEMM makes the weight gradients (comet.FusedMoE): "auto" (default, the
-    planner's rule by shape), "persistent", "grouped" or "grouped_cooperative"; all give the same bits.
+    planner's rule by shape), "persistent", "grouped", "grouped_cooperative" or "grouped_320"; all give the same bits.
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
     bf16: comet.FusedMoE).
     w0 and w1 carry Megatron's expert marker, ``allreduce`` (False under EP: their gradients are reduced over

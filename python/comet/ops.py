@@ -84,7 +84,7 @@ class _Registered:
     tokens: tuple = ()  # tokens per rank of the last whole forward (training): what a backward pairs with
 
 
-_WEIGHT_GRAD_KERNELS = ("auto", "persistent", "grouped", "grouped_cooperative")  # BackwardOptions::weight_grad_kernel
+_WEIGHT_GRAD_KERNELS = ("auto", "persistent", "grouped", "grouped_cooperative", "grouped_320")  # BackwardOptions::weight_grad_kernel
 _TRANSPORTS = ("peer", "nvshmem")  # MoeOptions::transport
 
 
@@ -180,10 +180,12 @@ class FusedMoE:
       (Team.from_process_group(heap="nvshmem")) and bf16, and runs 128 x 256 tiles only (forward and
       backward).
     weight_grad_kernel: the GEMM of the weight gradients (BackwardOptions::weight_grad_kernel; all give the
-      same bits). "auto" (default): the launch planner's rule by shape, measured on the H200: CUTLASS's
-      grouped ping-pong GEMM ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in
-      2 x 1 clusters ("grouped_cooperative") at 4096 rows and more with H >= 3072 (H = 3584 measured on
-      an H100), else comet's persistent kernel ("persistent").
+      same bits). "auto" (default): the tuner table's measured pick for the case where it has one, else
+      the launch planner's rule by shape, measured on the H200: CUTLASS's grouped ping-pong GEMM
+      ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in 2 x 1 clusters
+      ("grouped_cooperative") at 4096 rows and more with H >= 3072 (H = 3584 measured on an H100), else
+      comet's persistent kernel ("persistent"); a cooperative pick runs 128 x 320 tiles ("grouped_320")
+      where the GEMM's N is narrow (dW1 at F / tp = 320 or 800).
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16

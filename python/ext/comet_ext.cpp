@@ -123,7 +123,7 @@ BackwardOptions backward_options(const std::string& grad_type, bool accumulate, 
   o.fused_activation = fused_activation;
   const std::optional<WeightGradKernel> kernel = weight_grad_kernel_named(weight_grad_kernel);
   if (!kernel)
-    throw InvalidArgument("weight_grad_kernel must be 'auto', 'persistent', 'grouped' or 'grouped_cooperative', got '" +
+    throw InvalidArgument("weight_grad_kernel must be 'auto', 'persistent', 'grouped', 'grouped_cooperative' or 'grouped_320', got '" +
                           weight_grad_kernel + "'");
   o.weight_grad_kernel = *kernel;
   if (grad_type == "bf16") o.grad_type = GradType::bf16;
@@ -342,7 +342,7 @@ NB_MODULE(_C, m) {
       // grad = (dout, dx, dgates, dw0, dw1); grad_type "bf16" or "f32" (dw0 / dw1); accumulate: dw += the
       // gradient instead of overwriting it; fused_activation: BackwardOptions::fused_activation;
       // weight_grad_kernel: BackwardOptions::weight_grad_kernel, "auto" (the planner's rule), "persistent",
-      // "grouped" or "grouped_cooperative".
+      // "grouped", "grouped_cooperative" or "grouped_320".
       .def(
           "backward1",
           [](FusedMoe& m, int rank, const GradTuple& grad, uintptr_t stream, const std::string& grad_type,

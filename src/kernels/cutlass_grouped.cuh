@@ -56,6 +56,19 @@ struct Cooperative160Schedule {
   using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
 };
 
+// Cooperative on 128 x 320 tiles (two 64 x 160 wgmma atoms per warp group across N): a narrow N whole in
+// one or a few tiles, each M-tile of A read once per 320 columns. Measured on the H100
+// (bench/results/h100_probe_tiles_b37ed5d/): Qwen2-57B TP 8 (N = F / 8 = 320), launch 2 at 16384 tokens
+// 4.04 ms against 4.91 for 128 x 160 (cuBLAS 3.86), its dW1 3.74 against 6.79 for 128 x 256 (cuBLAS 4.87);
+// Phi-3.5 TP 8 (N = 800) gains 4-21 %. Where N is a multiple of 256 it loses 5-25 %: prefers_320_tiles()
+// (comet/variant.hpp) says where the planner runs it.
+struct Cooperative320Schedule {
+  using TileShape = Shape<_128, Int<320>, _64>;
+  using ClusterShape = Shape<_2, _1, _1>;
+  using Kernel = cutlass::gemm::KernelPtrArrayTmaWarpSpecializedCooperative;
+  using Epilogue = cutlass::epilogue::PtrArrayTmaWarpSpecializedCooperative;
+};
+
 // D_e = alpha A_e B_e + beta C_e in bf16 operands, fp32 accumulation, Out output; D row-major.
 template <class LayoutA, class LayoutB, class Out, class Sched>
 struct GroupedGemm {

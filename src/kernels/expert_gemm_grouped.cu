@@ -9,7 +9,8 @@ namespace comet::kernels {
 size_t expert_gemm_grouped_workspace_bytes(int experts) {
   using namespace expert_grouped;
   return std::max({schedule_workspace_bytes<grouped::PingpongSchedule>(experts),
-                   schedule_workspace_bytes<grouped::CooperativeSchedule>(experts), workspace_bytes_160(experts)});
+                   schedule_workspace_bytes<grouped::CooperativeSchedule>(experts), workspace_bytes_160(experts),
+                   workspace_bytes_320(experts)});
 }
 
 void launch_expert_gemm_grouped(const ExpertGemmLaunch& l, cudaStream_t stream) {
@@ -23,6 +24,8 @@ void launch_expert_gemm_grouped(const ExpertGemmLaunch& l, cudaStream_t stream) 
       return expert_grouped::launch_schedule<grouped::CooperativeSchedule>(l, stream);
     case StandaloneGemm::grouped_160:
       return expert_grouped::launch_160(l, stream);
+    case StandaloneGemm::grouped_320:
+      return expert_grouped::launch_320(l, stream);
     case StandaloneGemm::comet:
       break;
   }

@@ -16,7 +16,8 @@
 // skips padding).
 //
 // The schedules are compiled in two translation units (each of CUTLASS's kernels takes about a minute):
-// expert_gemm_grouped.cu (ping-pong, cooperative) and expert_gemm_grouped_160.cu (cooperative 128 x 160).
+// expert_gemm_grouped.cu (ping-pong, cooperative), expert_gemm_grouped_160.cu (cooperative 128 x 160) and
+// expert_gemm_grouped_320.cu (cooperative 128 x 320).
 #pragma once
 
 #include <type_traits>
@@ -80,8 +81,10 @@ size_t schedule_workspace_bytes(int experts) {
   return grouped::max_workspace_bytes<ExpertGemm<Row, Sched>, ExpertGemm<Col, Sched>>(experts);
 }
 
-// expert_gemm_grouped_160.cu: StandaloneGemm::grouped_160.
+// expert_gemm_grouped_160.cu: StandaloneGemm::grouped_160; expert_gemm_grouped_320.cu: grouped_320.
 void launch_160(const ExpertGemmLaunch& l, cudaStream_t stream);
 size_t workspace_bytes_160(int experts);
+void launch_320(const ExpertGemmLaunch& l, cudaStream_t stream);
+size_t workspace_bytes_320(int experts);
 
 }  // namespace comet::kernels::expert_grouped

@@ -221,6 +221,8 @@ void launch_grad_layer1(const GradLayer1Launch& l, cudaStream_t stream);
 void launch_grad_layer0(const GradLayer0Launch& l, cudaStream_t stream);
 void launch_weight_grad(const WeightGradLaunch& l, cudaStream_t stream);  // the GEMM l.kernel names
 void launch_weight_grad_grouped(const WeightGradLaunch& l, cudaStream_t stream);
+void launch_weight_grad_grouped_320(const WeightGradLaunch& l, cudaStream_t stream);  // weight_grad_grouped_320.cu
+size_t weight_grad_grouped_320_workspace_bytes(int experts);
 // Workspace of one grouped launch over `experts` groups, on any GPU of up to 256 multiprocessors
 // (weight_grad_grouped.cu: kMaxWorkspaceSms). A host computation: the footprint uses it without a GPU.
 size_t weight_grad_grouped_workspace_bytes(int experts);

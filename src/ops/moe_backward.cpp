@@ -197,7 +197,7 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
   l.out = out;
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
-  l.kernel = planner_.weight_grad_kernel(s.tokens, o.weight_grad_kernel);
+  l.kernel = planner_.weight_grad_kernel(s.tokens, o.weight_grad_kernel, q_cols);
   if (l.kernel != WeightGradKernel::persistent) {  // launch 0 (dW1) and 1 (dW0): a workspace each (they may overlap)
     l.workspace_bytes = s.wgrad_workspace_bytes;
     l.workspace = static_cast<char*>(s.wgrad_workspace) + size_t(launch) * l.workspace_bytes;

@@ -127,6 +127,9 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   // launches that have a plain product, as the fused schedule's is for the comm blocks beside it).
   if (layer != 0 && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
     d.standalone_gemm = v.standalone_gemm;  // the request's, else the table entry's, else ours
+  if (!request.standalone_gemm && d.standalone_gemm == StandaloneGemm::grouped_160 &&
+      prefers_320_tiles(row_work(shape_, par_, layer).gemm_n))
+    d.standalone_gemm = StandaloneGemm::grouped_320;  // the narrow-N pick's wider tiles (variant.hpp)
   // A combine launch's sequential schedule with our GEMM may run as one launch (the GEMM, then the
   // combine, in the same blocks): the request's choice, else the table entry's. CUTLASS's GEMMs are
   // launches of their own.
@@ -202,18 +205,24 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
 // gradients' time and 3.4 % of the backward's (Qwen2 TP 8 at 16384 tokens: ours 2.63 against the
 // cooperative kernel's 2.37 ms; bench/results/h100_gemm_order_b5052c0/bwd_shipped.json). The GEMM has no
 // comm, so an entry of either link serves.
-WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested) const {
+WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested, int n) const {
   if (requested != WeightGradKernel::automatic) return requested;
+  // A cooperative pick (either tile) runs 320-wide tiles on a narrow N, 256-wide ones elsewhere
+  // (variant.hpp: prefers_320_tiles): one pick covers dW1 (N = F / tp) and dW0 (N = H).
+  auto narrow = [n](WeightGradKernel k) {
+    if (k != WeightGradKernel::grouped_cooperative && k != WeightGradKernel::grouped_320) return k;
+    return prefers_320_tiles(n) ? WeightGradKernel::grouped_320 : WeightGradKernel::grouped_cooperative;
+  };
   TuneKey k = key(kWeightGradLaunch, tokens);
   for (Link link : {link_, link_ == Link::host ? Link::device : Link::host}) {
     k.link = link;
     if (const TuneEntry* e = table_.find(k); e && e->variant.weight_grad != WeightGradKernel::automatic)
-      return e->variant.weight_grad;
+      return narrow(e->variant.weight_grad);
   }
   const int local_experts = par_.local_experts(shape_);
   const double rows_per_expert = expected_rows(shape_, par_, tokens) / local_experts;
   if (rows_per_expert <= 2048 && local_experts >= 2 && par_.ffn_shard(shape_) >= 512) return WeightGradKernel::grouped;
-  if (rows_per_expert >= 4096 && shape_.hidden >= 3072) return WeightGradKernel::grouped_cooperative;
+  if (rows_per_expert >= 4096 && shape_.hidden >= 3072) return narrow(WeightGradKernel::grouped_cooperative);
   return WeightGradKernel::persistent;
 }
 

@@ -56,7 +56,8 @@ class LaunchPlanner {
 
   // Which GEMM makes the weight gradients for `tokens` on this rank: `requested` unless automatic, else
   // the rule in launch_planner.cpp (from expected rows per local expert, the shard's F and H).
-  WeightGradKernel weight_grad_kernel(int tokens, WeightGradKernel requested) const;
+  // n: the GEMM's N (dW1: F / tp, dW0: H), where it decides the tile (0: unknown).
+  WeightGradKernel weight_grad_kernel(int tokens, WeightGradKernel requested, int n = 0) const;
 
   // The tuner's key of a launch (load: the batch's load class, 1 for the host's own picks).
   TuneKey key(int layer, int tokens, int load = 1) const;

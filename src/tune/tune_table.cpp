@@ -46,7 +46,7 @@ LayerVariant variant_from(const json& j) {
   v.one_launch = j.value("one_launch", false);
   const std::string wgrad = j.value("weight_grad_kernel", "auto");
   const std::optional<WeightGradKernel> w = weight_grad_kernel_named(wgrad);
-  if (!w) throw InvalidArgument(detail::concat("weight_grad_kernel '", wgrad, "' is not auto, persistent, grouped or grouped_cooperative"));
+  if (!w) throw InvalidArgument(detail::concat("weight_grad_kernel '", wgrad, "' is not auto, persistent, grouped, grouped_cooperative or grouped_320"));
   v.weight_grad = *w;
   return v;
 }

@@ -375,6 +375,41 @@ TEST(LaunchPlanner, StandaloneGemmOnlyWhereTheGemmRunsAlone) {
   EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, seq_coop).decision.standalone_gemm, StandaloneGemm::grouped_cooperative);
 }
 
+// 128 x 320 tiles where N is narrow (variant.hpp: prefers_320_tiles): 256-wide tiles pad N by a fifth or
+// more and 320-wide ones pad less.
+TEST(LaunchPlanner, TilesOf320WhereNIsNarrow) {
+  for (int n : {300, 320, 800}) EXPECT_TRUE(prefers_320_tiles(n)) << n;
+  // 176 / 96 / 160: 320-wide pads more; 256 / 1792 / 14336: no padding; 640 / 960 / 1600: 256-wide pads < 1/5.
+  for (int n : {0, 96, 160, 176, 256, 640, 960, 1600, 1792, 2048, 14336}) EXPECT_FALSE(prefers_320_tiles(n)) << n;
+}
+
+// The planner's choices take the 320-wide tiles on a narrow N: the weight gradients' cooperative pick
+// (dW1's N = F / tp; dW0's N = H keeps 256), a table's 128 x 160 standalone GEMM (Qwen2-57B TP 8's launch 2,
+// N = 320; launch 3 has N = H); a request is obeyed as given.
+TEST(LaunchPlanner, NarrowNPicksRunOnTilesOf320) {
+  using K = WeightGradKernel;
+  const MoeShape qwen57{3584, 2560, 64, 8, Activation::swiglu};
+  const Parallel tp8{1, 8};
+  const LaunchPlanner rule(qwen57, tp8, Link::device, h200_like(), {});
+  EXPECT_EQ(rule.weight_grad_kernel(16384, K::automatic, 320), K::grouped_320);      // the rule: cooperative
+  EXPECT_EQ(rule.weight_grad_kernel(16384, K::automatic, 3584), K::grouped_cooperative);
+  EXPECT_EQ(rule.weight_grad_kernel(16384, K::grouped_cooperative, 320), K::grouped_cooperative);  // requested
+  EXPECT_EQ(rule.weight_grad_kernel(1024, K::automatic, 320), K::persistent);        // the rule: ours
+  TuneTable t;
+  LayerVariant w;
+  w.weight_grad = K::grouped_320;
+  t.put(rule.key(kWeightGradLaunch, 4096), TuneEntry{w, 1.0});
+  LayerVariant seq160{256, 0, 0, 1, StandaloneGemm::grouped_160};
+  for (int layer : {2, 3}) t.put(rule.key(layer, 4096), TuneEntry{seq160, 1.0});
+  const LaunchPlanner p(qwen57, tp8, Link::device, h200_like(), t);
+  EXPECT_EQ(p.weight_grad_kernel(4096, K::automatic, 320), K::grouped_320);
+  EXPECT_EQ(p.weight_grad_kernel(4096, K::automatic, 3584), K::grouped_cooperative);  // a 320 pick on a wide N
+  EXPECT_EQ(p.plan(2, LayerMode::fused, 4096, LayerRequest{}).decision.standalone_gemm, StandaloneGemm::grouped_320);
+  EXPECT_EQ(p.plan(3, LayerMode::fused, 4096, LayerRequest{}).decision.standalone_gemm, StandaloneGemm::grouped_160);
+  const LayerRequest asked = with_gemm(LayerRequest::forced(256, 0), StandaloneGemm::grouped_160);
+  EXPECT_EQ(p.plan(2, LayerMode::fused, 4096, asked).decision.standalone_gemm, StandaloneGemm::grouped_160);
+}
+
 // One launch for a combine launch's sequential schedule with our GEMM (layers 1 and 3): the table
 // entry's choice or the request's; never for a pull launch, a fused or gemm_only / comm_only launch, or a
 // standalone GEMM of CUTLASS's.

@@ -361,7 +361,7 @@ TEST(TuneTable, StandaloneGemmNamesRoundTrip) {
     TuneTable::load(path);
     ADD_FAILURE() << "a table naming grouped_161 loaded";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("'grouped_161' is not comet, grouped, grouped_cooperative or grouped_160"),
+    EXPECT_NE(std::string(e.what()).find("'grouped_161' is not comet, grouped, grouped_cooperative, grouped_160 or grouped_320"),
               std::string::npos)
         << e.what();
   }
@@ -392,8 +392,8 @@ TEST(TuneTable, WeightGradKernelRoundTrips) {
     TuneTable::load(path);
     ADD_FAILURE() << "a table naming grouped_cooperatvie loaded";
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("weight_grad_kernel 'grouped_cooperatvie' is not auto, persistent, grouped or "
-                                         "grouped_cooperative"),
+    EXPECT_NE(std::string(e.what()).find("weight_grad_kernel 'grouped_cooperatvie' is not auto, persistent, grouped, "
+                                         "grouped_cooperative or grouped_320"),
               std::string::npos)
         << e.what();
   }

@@ -16,6 +16,7 @@ std::optional<WeightGradKernel> kernel_of_mode(const std::string& mode) {
   if (mode == "gemm_only") return WeightGradKernel::persistent;
   if (mode == "grouped") return WeightGradKernel::grouped;
   if (mode == "grouped_cooperative") return WeightGradKernel::grouped_cooperative;
+  if (mode == "grouped_320") return WeightGradKernel::grouped_320;
   return std::nullopt;
 }
 

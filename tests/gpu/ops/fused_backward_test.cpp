@@ -270,6 +270,9 @@ INSTANTIATE_TEST_SUITE_P(
         with_grouped_wgrad(BwdCase{"", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert},
                            "EP4_all_to_one_expert_top1_silu_grouped_cooperative_wgrad",
                            WeightGradKernel::grouped_cooperative),
+        // 128 x 320 tiles: partial column blocks in both GEMMs (TP 4: F_s = 96), a rank without tokens.
+        with_grouped_wgrad(BwdCase{"", kGelu, {1, 4}, {50, 70, 0, 129}}, "TP4_gelu_grouped_320_wgrad",
+                           WeightGradKernel::grouped_320),
         // The sequential schedule's GEMMs (forward layer 1, backward launches 2 and 3) as CUTLASS's
         // grouped GEMMs (StandaloneGemm); with the fused activation backward launch 2 keeps ours.
         BwdCase{"EP4_zero_token_rank_grouped_gemms", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::uniform,
@@ -291,6 +294,13 @@ INSTANTIATE_TEST_SUITE_P(
         BwdCase{"EP4_zero_token_rank_top8_grouped_160_gemms", kTop8, {4, 1}, {100, 0, 257, 3}, RoutingKind::zipf,
                 Link::host, with_standalone(forced(256, 0), StandaloneGemm::grouped_160),
                 with_standalone(forced(128, 0), StandaloneGemm::grouped_160)},
+        // 128 x 320 tiles: a partial column block (F_s = 96 in launch 2), experts without rows.
+        BwdCase{"TP4_gelu_grouped_320_gemms", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::device,
+                with_standalone(forced(256, 0), StandaloneGemm::grouped_320),
+                with_standalone(forced(256, 0), StandaloneGemm::grouped_320)},
+        BwdCase{"EP4_all_to_one_expert_top1_silu_grouped_320_gemms", kSilu, {4, 1}, {90, 200, 0, 129},
+                RoutingKind::one_expert, Link::host, with_standalone(forced(256, 0), StandaloneGemm::grouped_320),
+                with_standalone(forced(256, 0), StandaloneGemm::grouped_320)},
         with_fused_act(BwdCase{"", kGelu, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::host,
                                with_standalone(forced(256, 0), StandaloneGemm::grouped),
                                with_standalone(forced(256, 0), StandaloneGemm::grouped)},
@@ -425,11 +435,12 @@ TEST(FusedBackward, GroupedWeightGradIsThePersistentResult) {
     Harness a(persistent);
     a.run();
     const auto want = a.gradients();
-    for (WeightGradKernel kernel : {WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative}) {
+    for (WeightGradKernel kernel :
+         {WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative, WeightGradKernel::grouped_320}) {
       Harness b(with_grouped_wgrad(persistent, persistent.name, kernel));
       b.run();
       const auto got = b.gradients();
-      const char* which = kernel == WeightGradKernel::grouped ? " (grouped)" : " (grouped_cooperative)";
+      const std::string which = std::string(" (") + to_string(kernel) + ")";
       EXPECT_TRUE(bitwise_equal(got.dw0, want.dw0)) << persistent.name << which << ": dW0";
       EXPECT_TRUE(bitwise_equal(got.dw1, want.dw1)) << persistent.name << which << ": dW1";
     }
@@ -517,7 +528,8 @@ TEST(FusedBackward, BitwiseAcrossCommBlocksAndRepeats) {
 // gradients, in M and N, are in MatchesReference: TP4_gelu, EP4_all_to_one_expert_top1_silu.)
 TEST(FusedBackward, AccumulateAddsToMainGrads) {
   for (WeightGradKernel kernel :
-       {WeightGradKernel::persistent, WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative})
+       {WeightGradKernel::persistent, WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative,
+        WeightGradKernel::grouped_320})
   for (GradType type : {GradType::f32, GradType::bf16}) {
     BwdCase c{"acc", kSmallSwiglu, {2, 1}, {100, 60}};
     c.grad_type = type;
@@ -529,10 +541,7 @@ TEST(FusedBackward, AccumulateAddsToMainGrads) {
     h.fused.backward(h.grad_list(), nullptr, BackwardOptions{type, true, false, kernel});
     h.fused.sync_and_check();
     const auto twice = h.gradients();
-    const std::string name = std::string(type == GradType::f32 ? "f32" : "bf16") +
-                             (kernel == WeightGradKernel::grouped               ? ", grouped"
-                              : kernel == WeightGradKernel::grouped_cooperative ? ", grouped_cooperative"
-                                                                                : ", persistent");
+    const std::string name = std::string(type == GradType::f32 ? "f32" : "bf16") + ", " + to_string(kernel);
     for (size_t i = 0; i < once.dw0.size(); ++i)
       ASSERT_EQ(twice.dw0[i], 2 * once.dw0[i]) << name << " dW0 element " << i;
     for (size_t i = 0; i < once.dw1.size(); ++i)

@@ -169,7 +169,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"EP2xTP2_top8_grouped_coop_l1", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::device,
              forced(256, 2), with_standalone(forced(256, 0), StandaloneGemm::grouped_cooperative)},
         Case{"EP4_zero_token_rank_grouped_160_l1", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::uniform,
-             Link::host, forced(256, 0), with_standalone(forced(256, 0), StandaloneGemm::grouped_160)}),
+             Link::host, forced(256, 0), with_standalone(forced(256, 0), StandaloneGemm::grouped_160)},
+        Case{"EP2xTP2_top8_grouped_320_l1", kTop8, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::device,
+             forced(256, 2), with_standalone(forced(256, 0), StandaloneGemm::grouped_320)}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 // Same result, bitwise, whatever the number of comm blocks, and over repeated runs.

@@ -57,7 +57,8 @@ inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::strin
 // tiles pad by at least a fifth and 320-wide ones pad less (Qwen2-57B's TP 8 shard F / 8 = 320, Phi-3.5's
 // 800). Measured on the H100 over the expert GEMMs and dW1 of five models (comet-probe-grouped-gemm,
 // bench/results/h100_probe_tiles_b37ed5d/): faster at N = 320 (1.08-1.82x) and N = 800 (up to 1.32x),
-// slower where N is a multiple of 256 or 176. A request is obeyed as given.
+// slower where N is a multiple of 256 or 176. A request is obeyed as given. The planner applies it only
+// under PlannerPolicy::narrow_n_tiles (off until the kernels' GPU tests have run).
 inline bool prefers_320_tiles(int n) {
   const int pad256 = (n + 255) / 256 * 256, pad320 = (n + 319) / 320 * 320;
   return n > 0 && 5 * (pad256 - n) >= pad256 && pad320 < pad256;

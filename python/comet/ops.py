@@ -184,8 +184,8 @@ class FusedMoE:
       the launch planner's rule by shape, measured on the H200: CUTLASS's grouped ping-pong GEMM
       ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in 2 x 1 clusters
       ("grouped_cooperative") at 4096 rows and more with H >= 3072 (H = 3584 measured on an H100), else
-      comet's persistent kernel ("persistent"); a cooperative pick runs 128 x 320 tiles ("grouped_320")
-      where the GEMM's N is narrow (dW1 at F / tp = 320 or 800).
+      comet's persistent kernel ("persistent"). "grouped_320": the cooperative GEMM on 128 x 320 tiles
+      (faster where F / tp is 320 or 800; not yet run by the GPU tests, so never picked by "auto").
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16

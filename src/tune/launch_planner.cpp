@@ -127,7 +127,7 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   // launches that have a plain product, as the fused schedule's is for the comm blocks beside it).
   if (layer != 0 && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
     d.standalone_gemm = v.standalone_gemm;  // the request's, else the table entry's, else ours
-  if (!request.standalone_gemm && d.standalone_gemm == StandaloneGemm::grouped_160 &&
+  if (policy_.narrow_n_tiles && !request.standalone_gemm && d.standalone_gemm == StandaloneGemm::grouped_160 &&
       prefers_320_tiles(row_work(shape_, par_, layer).gemm_n))
     d.standalone_gemm = StandaloneGemm::grouped_320;  // the narrow-N pick's wider tiles (variant.hpp)
   // A combine launch's sequential schedule with our GEMM may run as one launch (the GEMM, then the
@@ -209,9 +209,10 @@ WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel 
   if (requested != WeightGradKernel::automatic) return requested;
   // A cooperative pick (either tile) runs 320-wide tiles on a narrow N, 256-wide ones elsewhere
   // (variant.hpp: prefers_320_tiles): one pick covers dW1 (N = F / tp) and dW0 (N = H).
-  auto narrow = [n](WeightGradKernel k) {
+  auto narrow = [n, this](WeightGradKernel k) {
     if (k != WeightGradKernel::grouped_cooperative && k != WeightGradKernel::grouped_320) return k;
-    return prefers_320_tiles(n) ? WeightGradKernel::grouped_320 : WeightGradKernel::grouped_cooperative;
+    return policy_.narrow_n_tiles && prefers_320_tiles(n) ? WeightGradKernel::grouped_320
+                                                          : WeightGradKernel::grouped_cooperative;
   };
   TuneKey k = key(kWeightGradLaunch, tokens);
   for (Link link : {link_, link_ == Link::host ? Link::device : Link::host}) {

@@ -383,14 +383,19 @@ TEST(LaunchPlanner, TilesOf320WhereNIsNarrow) {
   for (int n : {0, 96, 160, 176, 256, 640, 960, 1600, 1792, 2048, 14336}) EXPECT_FALSE(prefers_320_tiles(n)) << n;
 }
 
-// The planner's choices take the 320-wide tiles on a narrow N: the weight gradients' cooperative pick
-// (dW1's N = F / tp; dW0's N = H keeps 256), a table's 128 x 160 standalone GEMM (Qwen2-57B TP 8's launch 2,
-// N = 320; launch 3 has N = H); a request is obeyed as given.
+// With PlannerPolicy::narrow_n_tiles the planner's choices take the 320-wide tiles on a narrow N: the
+// weight gradients' cooperative pick (dW1's N = F / tp; dW0's N = H keeps 256), a table's 128 x 160
+// standalone GEMM (Qwen2-57B TP 8's launch 2, N = 320; launch 3 has N = H); a request is obeyed as given.
+// Without it (the default) nothing changes.
 TEST(LaunchPlanner, NarrowNPicksRunOnTilesOf320) {
   using K = WeightGradKernel;
   const MoeShape qwen57{3584, 2560, 64, 8, Activation::swiglu};
   const Parallel tp8{1, 8};
-  const LaunchPlanner rule(qwen57, tp8, Link::device, h200_like(), {});
+  PlannerPolicy narrow;
+  narrow.narrow_n_tiles = true;
+  EXPECT_EQ(LaunchPlanner(qwen57, tp8, Link::device, h200_like(), {}).weight_grad_kernel(16384, K::automatic, 320),
+            K::grouped_cooperative);  // the default policy
+  const LaunchPlanner rule(qwen57, tp8, Link::device, h200_like(), {}, narrow);
   EXPECT_EQ(rule.weight_grad_kernel(16384, K::automatic, 320), K::grouped_320);      // the rule: cooperative
   EXPECT_EQ(rule.weight_grad_kernel(16384, K::automatic, 3584), K::grouped_cooperative);
   EXPECT_EQ(rule.weight_grad_kernel(16384, K::grouped_cooperative, 320), K::grouped_cooperative);  // requested
@@ -401,7 +406,10 @@ TEST(LaunchPlanner, NarrowNPicksRunOnTilesOf320) {
   t.put(rule.key(kWeightGradLaunch, 4096), TuneEntry{w, 1.0});
   LayerVariant seq160{256, 0, 0, 1, StandaloneGemm::grouped_160};
   for (int layer : {2, 3}) t.put(rule.key(layer, 4096), TuneEntry{seq160, 1.0});
-  const LaunchPlanner p(qwen57, tp8, Link::device, h200_like(), t);
+  EXPECT_EQ(LaunchPlanner(qwen57, tp8, Link::device, h200_like(), t).plan(2, LayerMode::fused, 4096, LayerRequest{})
+                .decision.standalone_gemm,
+            StandaloneGemm::grouped_160);  // the default policy
+  const LaunchPlanner p(qwen57, tp8, Link::device, h200_like(), t, narrow);
   EXPECT_EQ(p.weight_grad_kernel(4096, K::automatic, 320), K::grouped_320);
   EXPECT_EQ(p.weight_grad_kernel(4096, K::automatic, 3584), K::grouped_cooperative);  // a 320 pick on a wide N
   EXPECT_EQ(p.plan(2, LayerMode::fused, 4096, LayerRequest{}).decision.standalone_gemm, StandaloneGemm::grouped_320);

@@ -9,16 +9,6 @@ namespace comet::tune_tool {
 
 using nlohmann::json;
 
-namespace {
-// The middle value, or the mean of the middle two (two runs that disagree average out; tune_records'
-// median takes the upper one).
-double middle(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-}  // namespace
-
 std::map<std::string, OneLaunchPair> one_launch_pairs(const std::vector<json>& records, int sms,
                                                       std::map<std::string, TuneKey>& keys) {
   // A case's records of one run: its tuned record, then the A/B record written right after it.

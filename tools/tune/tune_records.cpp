@@ -25,6 +25,13 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+double middle(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
 // A record's SM count: --sms, else the one the benchmark wrote ("sms"), else 132 (H100 SXM, H200:
 // records written before the benchmark kept the count).
 int sms_of(const json& r, int forced) {

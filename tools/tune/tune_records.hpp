@@ -13,6 +13,9 @@ namespace comet::tune_tool {
 
 std::vector<nlohmann::json> read_records(const std::string& path);  // a file's list of records
 double median(std::vector<double> v);                                // 0 for none
+// The middle value, or the mean of the middle two (two runs that disagree average out; median takes
+// the upper one); 0 for none.
+double middle(std::vector<double> v);
 // A record's SM count: `forced` (--sms) if > 0, else the one the benchmark wrote, else 132.
 int sms_of(const nlohmann::json& r, int forced);
 // The link a record's key has: the team's ("nvlink", comet-bench-ipc on GPUs of their own, keys the device

@@ -20,12 +20,6 @@ std::optional<WeightGradKernel> kernel_of_mode(const std::string& mode) {
   return std::nullopt;
 }
 
-double middle(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 }  // namespace
 
 void add_weight_grad_runs(const std::vector<json>& records, int sms,

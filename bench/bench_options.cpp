@@ -48,6 +48,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            (default: auto); either way "wgrad comet" records time each: the persistent
                            kernel (mode gemm_only) and CUTLASS's grouped GEMMs (modes grouped,
                            grouped_cooperative, grouped_320)
+  --no-narrow-n-tiles      comet's planner keeps its CUTLASS picks' own tiles where N is narrow
+                           (MoeOptions::narrow_n_tiles off: no 128 x 320 substitution), for an A/B run
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
@@ -206,6 +208,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.commit = value();
     } else if (a == "--adaptive") {
       o.adaptive = true;
+    } else if (a == "--no-narrow-n-tiles") {
+      o.narrow_n_tiles = false;
     } else if (a == "--no-adaptive") {
       o.adaptive = false;
     } else if (a == "--fused-activation-grad") {
@@ -217,7 +221,7 @@ BenchOptions parse_options(int argc, char** argv) {
     } else if (a == "--wgrad-kernel") {
       const std::string name = value();
       const std::optional<WeightGradKernel> k = weight_grad_kernel_named(name);
-      if (!k) throw InvalidArgument(detail::concat("--wgrad-kernel: auto, persistent, grouped, grouped_cooperative or grouped_320, got '", name, "'"));
+      if (!k) throw InvalidArgument(detail::concat("--wgrad-kernel: ", enum_names(kWeightGradKernels), ", got '", name, "'"));
       o.wgrad_kernel = *k;
     } else if (a == "--estimate") {
       o.estimate_only = true;

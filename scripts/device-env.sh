@@ -9,3 +9,15 @@ export COMET_NVSHMEM_LIB=$nv/libnvshmem_host.so.3
 # NVLink multicast stays off on those machines (KINDS.md); NCCL refuses several PEs on one GPU.
 export NVSHMEM_DISABLE_NVLS=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NCCL=1
 export COMET_TUNE_TABLE=$root/bench/results/h200_tune_table.json
+
+# comet's tuned run against the sequential baseline, paired (the scripts' check step):
+#   paired_run NAME LAYERS [comet-bench args: the cases, --commit, ...]
+# writes NAME.json and NAME.log, then prints the exit status and the ratios (bench/paired_ratios.py).
+# A table other than the shipped one: COMET_TUNE_TABLE=FILE paired_run ...  Needs $t0 (the call's start).
+paired_run() {
+  local name=$1 layers=$2; shift 2
+  "$root/.carry/bench/comet-bench" --systems comet,sequential --n-comm 0 --tuned-tile --layers "$layers" --paired "$@" \
+    --out "$name.json" > "$name.log" 2>&1
+  echo "== $(basename "$name") exit $? at $(( $(date +%s) - t0 )) s"
+  python3 "$root/bench/paired_ratios.py" "$name.json" --list --layers "$layers"
+}

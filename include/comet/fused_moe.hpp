@@ -63,6 +63,10 @@ struct MoeOptions {
   // the tile shape is then chosen from the layer's shape alone, never per token bucket from the table.
   // Results are already independent of n_comm, groups, repeats and the other tokens' routing.
   bool batch_invariant = false;
+  // Where N is narrow (comet/variant.hpp: prefers_320_tiles; Qwen2-57B and Phi-3.5 at TP 8), the
+  // planner's CUTLASS picks for the backward's standalone GEMMs and weight gradients run 128 x 320 tiles
+  // (the same bits). Off: the table's and the rule's picks as they are (for A/B runs).
+  bool narrow_n_tiles = true;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),

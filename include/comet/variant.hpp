@@ -28,7 +28,7 @@ enum class WeightGradKernel {
   grouped,     // CUTLASS's grouped GEMM, ping-pong schedule, 128 x 128 tiles in 2 x 1 clusters
                // (src/kernels/weight_grad_grouped.cu): one warp group's epilogue under the other's mainloop
   grouped_cooperative,  // the same grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters (TMA multicast)
-  grouped_320,          // the same on 128 x 320 tiles (a narrow N: kernels::narrow_n_tiles)
+  grouped_320,          // the same on 128 x 320 tiles (a narrow N: prefers_320_tiles below)
 };
 inline const char* to_string(WeightGradKernel k) {
   switch (k) {
@@ -40,16 +40,26 @@ inline const char* to_string(WeightGradKernel k) {
   }
   return "?";
 }
-// The value among `all` (a braced list or an array) that to_string names `name`; nullopt for another name.
+// Every WeightGradKernel, the planner's choice first (what a request or a table entry may name).
+inline constexpr WeightGradKernel kWeightGradKernels[] = {WeightGradKernel::automatic, WeightGradKernel::persistent,
+                                                          WeightGradKernel::grouped, WeightGradKernel::grouped_cooperative,
+                                                          WeightGradKernel::grouped_320};
+// The value among `all` that to_string names `name`; nullopt for another name.
 template <class E, size_t N>
 std::optional<E> enum_named(const std::string& name, const E (&all)[N]) {
   for (E e : all)
     if (name == to_string(e)) return e;
   return std::nullopt;
 }
+// "a, b, ... or z": the names of `all`, for the message that refuses another name.
+template <class E, size_t N>
+std::string enum_names(const E (&all)[N]) {
+  std::string names;
+  for (size_t i = 0; i < N; ++i) names += std::string(i == 0 ? "" : i + 1 < N ? ", " : " or ") + to_string(all[i]);
+  return names;
+}
 inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::string& name) {
-  return enum_named(name, {WeightGradKernel::automatic, WeightGradKernel::persistent, WeightGradKernel::grouped,
-                           WeightGradKernel::grouped_cooperative, WeightGradKernel::grouped_320});
+  return enum_named(name, kWeightGradKernels);
 }
 
 // Where CUTLASS's cooperative grouped GEMM runs 128 x 320 tiles instead of its narrow-N pick (128 x 160
@@ -57,8 +67,8 @@ inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::strin
 // tiles pad by at least a fifth and 320-wide ones pad less (Qwen2-57B's TP 8 shard F / 8 = 320, Phi-3.5's
 // 800). Measured on the H100 over the expert GEMMs and dW1 of five models (comet-probe-grouped-gemm,
 // bench/results/h100_probe_tiles_b37ed5d/): faster at N = 320 (1.08-1.82x) and N = 800 (up to 1.32x),
-// slower where N is a multiple of 256 or 176. A request is obeyed as given. The planner applies it only
-// under PlannerPolicy::narrow_n_tiles (off until the kernels' GPU tests have run).
+// slower where N is a multiple of 256 or 176. A request is obeyed as given. The planner applies it
+// under PlannerPolicy::narrow_n_tiles (MoeOptions::narrow_n_tiles, on by default).
 inline bool prefers_320_tiles(int n) {
   const int pad256 = (n + 255) / 256 * 256, pad320 = (n + 319) / 320 * 320;
   return n > 0 && 5 * (pad256 - n) >= pad256 && pad320 < pad256;

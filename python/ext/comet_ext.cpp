@@ -123,8 +123,7 @@ BackwardOptions backward_options(const std::string& grad_type, bool accumulate, 
   o.fused_activation = fused_activation;
   const std::optional<WeightGradKernel> kernel = weight_grad_kernel_named(weight_grad_kernel);
   if (!kernel)
-    throw InvalidArgument("weight_grad_kernel must be 'auto', 'persistent', 'grouped', 'grouped_cooperative' or 'grouped_320', got '" +
-                          weight_grad_kernel + "'");
+    throw InvalidArgument("weight_grad_kernel must be " + enum_names(kWeightGradKernels) + ", got '" + weight_grad_kernel + "'");
   o.weight_grad_kernel = *kernel;
   if (grad_type == "bf16") o.grad_type = GradType::bf16;
   else if (grad_type == "f32") o.grad_type = GradType::f32;

@@ -36,17 +36,13 @@ LayerVariant variant_from(const json& j) {
   const std::string gemm = j.value("standalone_gemm", "comet");
   const std::optional<StandaloneGemm> g = standalone_gemm_named(gemm);
   if (!g) {
-    std::string names;  // "comet, grouped, ... or <the last>"
-    for (size_t i = 0; i < std::size(kStandaloneGemms); ++i)
-      names += std::string(i == 0 ? "" : i + 1 < std::size(kStandaloneGemms) ? ", " : " or ") +
-               to_string(kStandaloneGemms[i]);
-    throw InvalidArgument(detail::concat("standalone_gemm '", gemm, "' is not ", names));
+    throw InvalidArgument(detail::concat("standalone_gemm '", gemm, "' is not ", enum_names(kStandaloneGemms)));
   }
   v.standalone_gemm = *g;
   v.one_launch = j.value("one_launch", false);
   const std::string wgrad = j.value("weight_grad_kernel", "auto");
   const std::optional<WeightGradKernel> w = weight_grad_kernel_named(wgrad);
-  if (!w) throw InvalidArgument(detail::concat("weight_grad_kernel '", wgrad, "' is not auto, persistent, grouped, grouped_cooperative or grouped_320"));
+  if (!w) throw InvalidArgument(detail::concat("weight_grad_kernel '", wgrad, "' is not ", enum_names(kWeightGradKernels)));
   v.weight_grad = *w;
   return v;
 }

@@ -2,6 +2,7 @@
 // clamps, schedule, rasterisation group, adaptive split) with a stand-in device of 132 SMs.
 #include <gtest/gtest.h>
 
+#include "comet/fused_moe.hpp"
 #include "tune/launch_planner.hpp"
 
 using namespace comet;
@@ -386,15 +387,18 @@ TEST(LaunchPlanner, TilesOf320WhereNIsNarrow) {
 // With PlannerPolicy::narrow_n_tiles the planner's choices take the 320-wide tiles on a narrow N: the
 // weight gradients' cooperative pick (dW1's N = F / tp; dW0's N = H keeps 256), a table's 128 x 160
 // standalone GEMM (Qwen2-57B TP 8's launch 2, N = 320; launch 3 has N = H); a request is obeyed as given.
-// Without it (the default) nothing changes.
+// It is the default; without it nothing changes.
 TEST(LaunchPlanner, NarrowNPicksRunOnTilesOf320) {
   using K = WeightGradKernel;
   const MoeShape qwen57{3584, 2560, 64, 8, Activation::swiglu};
   const Parallel tp8{1, 8};
-  PlannerPolicy narrow;
-  narrow.narrow_n_tiles = true;
-  EXPECT_EQ(LaunchPlanner(qwen57, tp8, Link::device, h200_like(), {}).weight_grad_kernel(16384, K::automatic, 320),
-            K::grouped_cooperative);  // the default policy
+  const PlannerPolicy narrow;
+  EXPECT_TRUE(narrow.narrow_n_tiles);
+  EXPECT_TRUE(MoeOptions{}.narrow_n_tiles);
+  PlannerPolicy off;
+  off.narrow_n_tiles = false;
+  EXPECT_EQ(LaunchPlanner(qwen57, tp8, Link::device, h200_like(), {}, off).weight_grad_kernel(16384, K::automatic, 320),
+            K::grouped_cooperative);
   const LaunchPlanner rule(qwen57, tp8, Link::device, h200_like(), {}, narrow);
   EXPECT_EQ(rule.weight_grad_kernel(16384, K::automatic, 320), K::grouped_320);      // the rule: cooperative
   EXPECT_EQ(rule.weight_grad_kernel(16384, K::automatic, 3584), K::grouped_cooperative);
@@ -406,9 +410,9 @@ TEST(LaunchPlanner, NarrowNPicksRunOnTilesOf320) {
   t.put(rule.key(kWeightGradLaunch, 4096), TuneEntry{w, 1.0});
   LayerVariant seq160{256, 0, 0, 1, StandaloneGemm::grouped_160};
   for (int layer : {2, 3}) t.put(rule.key(layer, 4096), TuneEntry{seq160, 1.0});
-  EXPECT_EQ(LaunchPlanner(qwen57, tp8, Link::device, h200_like(), t).plan(2, LayerMode::fused, 4096, LayerRequest{})
+  EXPECT_EQ(LaunchPlanner(qwen57, tp8, Link::device, h200_like(), t, off).plan(2, LayerMode::fused, 4096, LayerRequest{})
                 .decision.standalone_gemm,
-            StandaloneGemm::grouped_160);  // the default policy
+            StandaloneGemm::grouped_160);
   const LaunchPlanner p(qwen57, tp8, Link::device, h200_like(), t, narrow);
   EXPECT_EQ(p.weight_grad_kernel(4096, K::automatic, 320), K::grouped_320);
   EXPECT_EQ(p.weight_grad_kernel(4096, K::automatic, 3584), K::grouped_cooperative);  // a 320 pick on a wide N

@@ -65,10 +65,11 @@ struct GemmConfig {
   using LayoutA = std::conditional_t<AMajor == Major::k, cutlass::layout::RowMajor, cutlass::layout::ColumnMajor>;
   using LayoutB = std::conditional_t<BMajor == Major::k, cutlass::layout::ColumnMajor, cutlass::layout::RowMajor>;
   using TileShape = cute::Shape<cute::Int<TileM>, cute::Int<TileN>, cute::Int<TileK>>;
-  // This collective loads a K-major operand's tile rows with one TMA box, which holds at most 256 rows:
-  // wider, the descriptor fails to build (CUTLASS prints an error and goes on) and the first load never
-  // lands. Layer 0 on 128 x 320 tiles hung that way on the H100 (docs/design-changes.md, "Tried on
-  // 2026-12-06 (sixteenth session)"). CUTLASS's grouped (ptr-array) kernels run 128 x 320 correctly.
+  // In a 1 x 1 cluster this collective loads a K-major operand's tile rows with one TMA box, which holds
+  // at most 256 rows: wider, the descriptor fails to build (CUTLASS prints an error and goes on) and the
+  // first load never lands. Layer 0 on 128 x 320 tiles hung that way on the H100 (docs/design-changes.md,
+  // "Tried on 2026-12-06 (sixteenth session)"). CUTLASS's grouped kernels run 128 x 320 in 2 x 1
+  // clusters, where each block loads half of B's rows (160) and multicasts them.
   static_assert((AMajor == Major::mn || TileM <= 256) && (BMajor == Major::mn || TileN <= 256),
                 "a K-major operand's tile is wider than one TMA box (256 rows)");
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;

@@ -53,8 +53,9 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
-  --tile-n N               comet's tile 128xN, N in {128, 192, 256}; 192 only with forward layers
-                           (l0, l1, fwd: the backward's kernels have no 192)     (default: 256)
+  --tile-n N               comet's tile 128xN, N in {128, 192, 256, 320}; 192 only with forward layers
+                           (l0, l1, fwd: the backward's kernels have no 192), 320 only with --layers l0
+                           (layer 0's kernel alone has it)                       (default: 256)
   --dtype T                layer 0's GEMM inputs, bf16 or e4m3 (fp8 tokens and W0 with block scales;
                            cublas / sequential then run cuBLASLt's block-scaled fp8; needs --tile-n 128
                            and no chunked system)                        (default: bf16)
@@ -232,8 +233,11 @@ BenchOptions parse_options(int argc, char** argv) {
   for (int t : o.tokens) COMET_REQUIRE(t >= 1, "--tokens: values must be >= 1");
   for (int n : o.n_comm) COMET_REQUIRE(n >= 0, "--n-comm: values must be >= 0 (0: FusedMoe's sequential mode)");
   for (int c : o.chunks) COMET_REQUIRE(c >= 1, "--chunks: values must be >= 1");
-  COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 192 || o.tile_n == 256, "--tile-n must be 128, 192 or 256");
+  COMET_REQUIRE(o.tile_n == 128 || o.tile_n == 192 || o.tile_n == 256 || o.tile_n == 320,
+                "--tile-n must be 128, 192, 256 or 320");
   COMET_REQUIRE(o.tile_n != 192 || !o.has_backward(), "--tile-n 192 is a forward shape: give --layers from l0,l1,fwd");
+  COMET_REQUIRE(o.tile_n != 320 || (o.layers.size() == 1 && o.has_layer("l0") && o.dtype == "bf16"),
+                "--tile-n 320 is layer 0's only (bf16): give --layers l0");
   COMET_REQUIRE(o.dtype == "bf16" || o.dtype == "e4m3", "--dtype must be bf16 or e4m3, got '", o.dtype, "'");
   COMET_REQUIRE(o.dtype == "bf16" || (o.tile_n == 128 && !o.has_system("chunked") && !o.has_backward()),
                 "--dtype e4m3 needs --tile-n 128 (the fp8 kernel's one tile), --systems without chunked and a "

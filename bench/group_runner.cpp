@@ -46,7 +46,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   team_ = std::make_unique<LocalTeam>(W, link);
   MoeOptions mo;
   mo.layer0 = variant(o_.tile_n, 2);
-  mo.layer1 = variant(o_.tile_n, 4);
+  mo.layer1 = variant(o_.tile_n == 320 ? 256 : o_.tile_n, 4);  // 320: layer 0's alone (l0 runs only)
   mo.adaptive_split = o_.adaptive;
   mo.narrow_n_tiles = o_.narrow_n_tiles;
   mo.training = o_.has_backward();  // the forwards keep their pre-activations (every forward record then pays it)
@@ -85,8 +85,8 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   }
   COMET_CUDA_CHECK(cudaStreamSynchronize(s0));
   // The baselines' comm kernels run 256-wide tiles' instances when comet is timed at 192 (as before
-  // layer 1 had a 192-wide tile), so that their records stay comparable across runs.
-  const int baseline_tile = o_.tile_n == 192 ? 256 : o_.tile_n;
+  // layer 1 had a 192-wide tile) or 320 (layer 0's only), so that their records stay comparable across runs.
+  const int baseline_tile = o_.tile_n == 192 || o_.tile_n == 320 ? 256 : o_.tile_n;
   SequentialOptions so;
   so.tile_n = baseline_tile;
   seq_ = std::make_unique<SequentialMoe>(*moe_, so);

@@ -20,9 +20,11 @@ using Mode = LayerMode;
 // Compiled GEMM tile shapes: TileM is always 128 (the plan's tile_m); the widths below, one
 // fused_tile128xN.cu each. 192: in layer 0 for N that pads badly to 256 (Qwen2 TP 8's 352); in layer 1
 // (N = H) for batches whose 256-wide tiles leave the last wave mostly idle; the combine's 256-column
-// chunks then wait on the two column blocks each covers.
+// chunks then wait on the two column blocks each covers. 320: layer 0 only, for the TP 8 shards that
+// 320 divides and 256 does not (Qwen2-57B's N = 640: 2 column blocks instead of 3; Phi-3.5's 1600: 5
+// instead of 7), where the GEMM is bound by A's loads, once per column block (fused_tile128x320.cu).
 inline constexpr int kTileM = 128;
-using Layer0Tiles = std::integer_sequence<int, 128, 192, 256>;
+using Layer0Tiles = std::integer_sequence<int, 128, 192, 256, 320>;
 using Layer1Tiles = std::integer_sequence<int, 128, 192, 256>;
 // Layer 0 in fp8 (Fp8GemmConfig): 128 x 128 only. Its mainloop keeps a second set of fp32 accumulators
 // for the per-K-block promotion, so a 256-wide tile would hold 256 accumulator registers per thread.

@@ -84,7 +84,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       cap_(cap),
       options_(options),
       planner_(shape, par, team.link(), device_caps(team.device(), options.dtype), load_table(options.tune_table),
-               PlannerPolicy{options.adaptive_split, options.batch_invariant, options.dtype, options.narrow_n_tiles}) {
+               PlannerPolicy{options.adaptive_split, options.batch_invariant, options.dtype, options.narrow_n_tiles,
+                             options.transport == DeviceTransport::peer}) {
   validate(shape_, par_);
   COMET_REQUIRE(options_.dtype == DType::bf16 || options_.dtype == DType::e4m3, "FusedMoe: unknown dtype ",
                 int(options_.dtype));

@@ -27,10 +27,12 @@ COMET_HD inline double cost_unit_us(const CostModel& m, const LayerWork& w) {
 COMET_HD inline int padded_columns(int n, int tile_n) { return (n + tile_n - 1) / tile_n * tile_n; }
 
 // T_gemm of a tile shape against 128x256 tiles at the layer's rate. The fp8 rate is the 128-wide tile's
-// own (the one fp8 tile), so an fp8 layer's factor is 1.
+// own (the one fp8 tile), so an fp8 layer's factor is 1. Layer 0's 320-wide tile (table picks only:
+// best_tile_n never offers it) is taken at the 256-wide tile's rate.
 COMET_HD inline double cost_tile_factor(const CostModel& m, const LayerWork& w, int tile_n) {
   if (tile_n == 256 || w.gemm_n <= 0 || w.fp8) return 1.0;
-  return double(padded_columns(w.gemm_n, tile_n)) / padded_columns(w.gemm_n, 256) / (tile_n == 192 ? m.tile192_efficiency : m.tile128_efficiency);
+  const double efficiency = tile_n == 192 ? m.tile192_efficiency : tile_n == 128 ? m.tile128_efficiency : 1.0;
+  return double(padded_columns(w.gemm_n, tile_n)) / padded_columns(w.gemm_n, 256) / efficiency;
 }
 
 // Predicted time (ms) of the layer with n_comm comm blocks out of `sms` (0: sequential mode).

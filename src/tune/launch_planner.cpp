@@ -2,6 +2,8 @@
 #include "tune/launch_planner.hpp"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "comet/common.hpp"
 #include "kernels/fused_layers.hpp"  // the compiled tile widths
@@ -13,7 +15,21 @@ namespace {
 constexpr int kTileM = 128;     // every compiled tile is 128 rows (the plan's tile_m)
 constexpr int kMaxGroup = 1024;  // m_group / n_group: far above any useful value, far below int overflow
 
-bool is_compiled_tile(int layer, int tile_n, DType dtype) { return kernels::is_supported_tile_n(tile_n, layer, dtype); }
+// Whether a width is compiled for the launch and the transport (layer 0's 320 is not over NVSHMEM).
+bool is_compiled_tile(int layer, int tile_n, DType dtype, const PlannerPolicy& policy) {
+  return (tile_n != 320 || policy.layer0_tile_320) && kernels::is_supported_tile_n(tile_n, layer, dtype);
+}
+
+// "128, 192 or 256": the widths is_compiled_tile accepts, for the message that refuses another one.
+std::string compiled_tiles(int layer, DType dtype, const PlannerPolicy& policy) {
+  std::vector<int> widths;
+  for (int t : {128, 192, 256, 320})
+    if (is_compiled_tile(layer, t, dtype, policy)) widths.push_back(t);
+  std::string s;
+  for (size_t i = 0; i < widths.size(); ++i)
+    s += (i == 0 ? "" : i + 1 < widths.size() ? ", " : " or ") + std::to_string(widths[i]);
+  return s;
+}
 
 int ceil_div(int a, int b) { return (a + b - 1) / b; }
 
@@ -64,12 +80,9 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "launch planner: layer must be 0..3, got ", layer);
   const char* name = names[layer];
   const DType dtype = launch_dtype(layer);
-  if (dtype == DType::e4m3) {
-    COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n, dtype), "FusedMoe ", name,
-                  " in fp8: tile_n must be 128, got ", request.tile_n.value_or(0));
-  }
-  COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n, dtype), "FusedMoe ", name,
-                ": tile_n must be 128", layer <= 1 ? ", 192" : "", " or 256, got ", request.tile_n.value_or(0));
+  COMET_REQUIRE(!request.tile_n || is_compiled_tile(layer, *request.tile_n, dtype, policy_), "FusedMoe ", name,
+                dtype == DType::e4m3 ? " in fp8" : "", ": tile_n must be ", compiled_tiles(layer, dtype, policy_),
+                ", got ", request.tile_n.value_or(0));
   COMET_REQUIRE(!request.n_comm || *request.n_comm >= 0, "FusedMoe ", name, ": n_comm must be >= 0, got ",
                 request.n_comm.value_or(0));
   COMET_REQUIRE(!request.m_group || (*request.m_group >= 1 && *request.m_group <= kMaxGroup), "FusedMoe ", name,
@@ -96,8 +109,10 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
     const TunedVariant t = pick_variant(table_, key(layer, picked_tokens), work, r);
     v = t.variant;
     d.picked_by = t.picked_by;
-    COMET_REQUIRE(is_compiled_tile(layer, v.tile_n, dtype), "FusedMoe ", name, ": the tuner's table asks for tile_n ",
-                  v.tile_n, ", which is not compiled");
+    // A transport without layer 0's 320-wide kernel runs a table's 320 pick on the widest one it has.
+    if (v.tile_n == 320 && !policy_.layer0_tile_320 && !r.tile_n) v.tile_n = 256;
+    COMET_REQUIRE(is_compiled_tile(layer, v.tile_n, dtype, policy_), "FusedMoe ", name,
+                  ": the tuner's table asks for tile_n ", v.tile_n, ", which is not compiled");
     if (!request.n_comm) {
       // The pick must leave compute blocks on this device (a table from another GPU could ask for more);
       // with one rank a pull (layer 0, the backward of layer 1) has nothing to pull.

@@ -46,6 +46,9 @@ struct PlannerPolicy {
   // Narrow-N picks on 128 x 320 tiles (comet/variant.hpp: prefers_320_tiles; MoeOptions::narrow_n_tiles);
   // a request for grouped_320 is obeyed either way.
   bool narrow_n_tiles = true;
+  // The transport has layer 0's 128 x 320 kernel (kernels/fused_layers.hpp; NVSHMEM's has not): off,
+  // a request for it is refused and a table's pick of it runs 256-wide.
+  bool layer0_tile_320 = true;
 };
 
 class LaunchPlanner {

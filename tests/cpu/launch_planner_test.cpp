@@ -131,6 +131,33 @@ TEST(LaunchPlanner, RejectsWhatNoKernelRuns) {
   EXPECT_EQ(planner(Parallel{8, 1}, l1_192).plan(1, LayerMode::fused, 4096, LayerRequest{}).decision.tile_n, 192);
 }
 
+// Layer 0's 320-wide tile: compiled for layer 0 alone, taken from a request or a table entry, never the
+// cost model's pick; a transport without it (NVSHMEM: PlannerPolicy::layer0_tile_320 off) refuses the
+// request, naming the widths it has, and runs a table's pick of it 256-wide.
+TEST(LaunchPlanner, Layer0Tile320FromARequestOrTheTable) {
+  const Parallel tp8{1, 8};
+  const LaunchPlanner p = planner(tp8);
+  EXPECT_EQ(p.plan(0, LayerMode::fused, 4096, LayerRequest::forced(320, 2)).decision.tile_n, 320);
+  for (int layer : {1, 2, 3})
+    EXPECT_THROW(p.plan(layer, LayerMode::fused, 4096, LayerRequest::forced(320, 2)), InvalidArgument) << layer;
+  for (int tokens : {1, 1024, 16384}) EXPECT_NE(p.plan(0, LayerMode::fused, tokens, LayerRequest{}).decision.tile_n, 320);
+  TuneTable t;
+  t.put(p.key(0, 4096), TuneEntry{LayerVariant{320, 8, 0, 1}, 1.0});
+  EXPECT_EQ(planner(tp8, t).plan(0, LayerMode::fused, 4096, LayerRequest{}).decision.tile_n, 320);
+  PlannerPolicy no320;
+  no320.layer0_tile_320 = false;
+  const LaunchPlanner q(kMixtral, tp8, Link::host, h200_like(), t, no320);
+  const LaunchDecision d = q.plan(0, LayerMode::fused, 4096, LayerRequest{}).decision;
+  EXPECT_EQ(d.tile_n, 256);
+  EXPECT_EQ(d.n_comm, 8);
+  try {
+    q.plan(0, LayerMode::fused, 4096, LayerRequest::forced(320, 2));
+    ADD_FAILURE() << "a 320 request over a transport without it";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tile_n must be 128, 192 or 256, got 320"), std::string::npos) << e.what();
+  }
+}
+
 // The backward's launches (2: backward of layer 1, 3: of layer 0) have their own table keys, else the
 // cost model on their own GEMM shapes: G W1 has N = F/tp (half of layer 0's N for SwiGLU), dPre W0 has
 // K = W0 rows (twice layer 1's K).

@@ -480,7 +480,7 @@ def test_private_buffers_come_from_torchs_allocator():
     assert held - params > 0.5 * layer.engine.device_bytes_per_rank  # A, hidden, Y, flags of 2 ranks
     layer(p.x, p.ids, p.gates)
     d = layer.engine.last_decision(1)
-    assert d["tile_n"] in (128, 192, 256) and d["picked_by"] in ("table", "cost_model")
+    assert d["tile_n"] in (128, 192, 256, 320) and d["picked_by"] in ("table", "cost_model")
 
 
 def test_a_tokens_output_does_not_depend_on_its_batch():

@@ -199,7 +199,8 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
   for (const auto& [s, by_point] : points)
     for (const auto& [pt, p] : by_point)
       if (p.ms < best[s].ms) best[s] = p;
-  // A tile narrower than 256 replaces the 256-wide one only when it beats its best point by kMeasuredGain.
+  // A tile other than 256 (a narrower one, or layer 0's 320) replaces the 256-wide one only when it beats
+  // its best point by kMeasuredGain.
   for (auto& [s, b] : best) {
     if (b.v.tile_n == 256) continue;
     const Best* wide = nullptr;

@@ -239,6 +239,9 @@ INSTANTIATE_TEST_SUITE_P(
         // A forward with 192-wide tiles in both layers: the backward's launches (no 192) take the planner's.
         BwdCase{"EP4_forward_tile192", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::device,
                 forced(192, 2), forced(192, 4)},
+        // Layer 0's 320-wide tile (N0 = 640 at TP 2): the backward's launch 2 (no 320) takes the planner's.
+        BwdCase{"TP2_forward_tile320", MoeShape{256, 640, 8, 2, Activation::swiglu}, {1, 2}, {150, 31},
+                RoutingKind::zipf, Link::device, forced(320, 2), forced(256, 4)},
         BwdCase{"EP4_tile128", kSmallSwiglu, {4, 1}, {120, 80, 33, 200}, RoutingKind::uniform, Link::device,
                 forced(128, 3, 4, 1), forced(128, 3, 4, 2)},
         BwdCase{"EP4_sequential_schedule", kGelu, {4, 1}, {120, 80, 33, 200}, RoutingKind::zipf, Link::host,

@@ -336,6 +336,36 @@ TEST(FusedMoe, TileWidthsOfBothLayersGiveTheSameBits) {
     expect_tile_widths_give_the_same_bits(c, /*layer0_too=*/true, 2);
 }
 
+// Layer 0's 128x320 tiles (two 64 x 160 wgmma atoms across N; swiglu's gate / up pairs never straddle
+// them): the reference's outputs and the 256-wide tiles' bits, fused and in the sequential schedule,
+// where 320 divides N0 (640: two whole blocks, the Qwen2-57B TP 8 shard's shape at a smaller H), where
+// it does not (576: 320 + 256, a partial block), and where N0 is one partial block (TP 4 GELU: 96); a
+// rank without tokens, top-8, a skewed routing and all tokens to one expert among them.
+TEST(FusedMoe, Layer0Tile320MatchesTheReferenceAndTheWideTilesBits) {
+  for (const Case& c : {Case{"tp2_f640_n640", MoeShape{256, 640, 8, 2, Activation::swiglu}, {1, 2}, {150, 0},
+                             RoutingKind::zipf, Link::device},
+                        Case{"ep2_h320_n576", MoeShape{320, 288, 8, 2, Activation::swiglu}, {2, 1}, {130, 77},
+                             RoutingKind::zipf, Link::host},
+                        Case{"ep4_top8_n640", MoeShape{192, 320, 16, 8, Activation::swiglu}, {4, 1}, {96, 0, 130, 77},
+                             RoutingKind::uniform, Link::device},
+                        Case{"ep2xtp2_one_expert", MoeShape{128, 1280, 8, 2, Activation::swiglu}, {2, 2}, {64, 129, 0, 33},
+                             RoutingKind::one_expert, Link::device},
+                        Case{"tp4_gelu_n96", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::host}}) {
+    SCOPED_TRACE(c.name);
+    Harness h(c);
+    h.run(forced(256, 2), forced(256, 4));
+    const auto want = h.outputs();
+    check_outputs(h, want);
+    for (int comm : {0, 1, 3}) {
+      h.run(forced(320, comm), forced(256, 4));
+      const auto got = h.outputs();
+      check_outputs(h, got);
+      for (size_t r = 0; r < got.size(); ++r)
+        EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4)) << "n_comm " << comm << " rank " << r;
+    }
+  }
+}
+
 // Adaptive split: with the tuner's n_comm, each fused launch re-picks its comm blocks on the device
 // from the plan's counts. The kernel's pick is the rule of tune/adaptive_split.hpp evaluated here on
 // the host plan, and the outputs equal a forced run's bitwise (n_comm never changes the result).

@@ -15,6 +15,8 @@
 // before_load wait (the scales of a record land with its codes).
 #pragma once
 
+#include <type_traits>
+
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "kernels/gemm_config.cuh"
@@ -43,6 +45,26 @@ struct GemmExtents {
   int k;
   int experts;
 };
+
+// A config with its own load and prefetch (GemmConfig: B in two TMA boxes) uses them; the others
+// (Fp8GemmConfig) CUTLASS's collective's.
+template <class Cfg, class = void>
+struct HasOwnLoad : std::false_type {};
+template <class Cfg>
+struct HasOwnLoad<Cfg, std::void_t<decltype(Cfg::kSplitB)>> : std::true_type {};
+
+template <class Cfg, class Mainloop, class Params>
+__device__ void prefetch_descriptors(const Params& mp) {
+  if constexpr (HasOwnLoad<Cfg>::value) Cfg::prefetch_descriptors(mp);
+  else Mainloop::prefetch_tma_descriptors(mp);
+}
+template <class Cfg, class Mainloop, class Params, class Pipeline, class State, class Inputs, class Coord, class KIter,
+          class Tensors>
+__device__ void load_tile(Mainloop& mainloop, const Params& mp, Pipeline& pipeline, State state, const Inputs& inputs,
+                          const Coord& coord, KIter k_iter, int k_tiles, int lane, Tensors& tensors) {
+  if constexpr (HasOwnLoad<Cfg>::value) Cfg::load(mainloop, mp, pipeline, state, inputs, coord, k_iter, k_tiles, lane, tensors);
+  else mainloop.load(mp, pipeline, state, inputs, coord, k_iter, k_tiles, lane, 0u, tensors);
+}
 
 template <class Cfg, class Schedule, class Hooks>
 __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const GemmExtents& ext,
@@ -101,9 +123,9 @@ __device__ void run_compute_role(const typename Cfg::MainloopParams& mp, const G
       }
     }
     if (warp_in_group != 0) return;
-    if (lane == 0) Mainloop::prefetch_tma_descriptors(mp);
+    if (lane == 0) prefetch_descriptors<Cfg, Mainloop>(mp);
     const auto write_state = walk_tiles([&](auto& state, auto coord, auto k_iter, int tile_k) {
-      mainloop.load(mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, 0u, storage.tensors);
+      load_tile<Cfg>(mainloop, mp, pipeline, state, load_inputs, coord, k_iter, tile_k, lane, storage.tensors);
     });
     mainloop.load_tail(pipeline, write_state);
   } else {

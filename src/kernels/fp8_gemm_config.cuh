@@ -100,7 +100,7 @@ struct Fp8GemmConfig {
   // over L as in GemmConfig (its scales' layout already has L stride 0).
   CUTE_DEVICE static auto load_inputs(const MainloopParams& p, int m, int n, int k, int experts) {
     using namespace cute;
-    auto ab = tiled_ab_views<TileShape>(p, m, n, k, experts);
+    auto ab = tiled_ab_views<TileShape>(p.tma_load_a, p.tma_load_b, m, n, k, experts);
     Tensor mSFA = make_tensor(make_gmem_ptr(p.ptr_SFA), p.layout_SFA);
     Tensor mSFB = make_tensor(make_gmem_ptr(p.ptr_SFB), p.layout_SFB);
     return make_tuple(get<0>(ab), get<1>(ab), mSFA, mSFB);

@@ -38,18 +38,50 @@ constexpr int kEpilogueStagingBytes = kEpilogueWarps * kEpilogueRows * kEpilogue
 // Device: the tiled TMA views (gA (BM,BK,m,k,l), gB (BN,BK,n,k,l)) that a collective's load() expects,
 // A broadcast over L (stride 0: the tile's expert selects only B), shared by GemmConfig and
 // Fp8GemmConfig.
-template <class TileShape, class Params>
-CUTE_DEVICE auto tiled_ab_views(const Params& p, int m, int n, int k, int experts) {
+// tma_b: the descriptor B's tiles are loaded with (GemmConfig: CUTLASS's, or the two-box one).
+template <class TileShape, class TmaA, class TmaB>
+CUTE_DEVICE auto tiled_ab_views(const TmaA& tma_a, const TmaB& tma_b, int m, int n, int k, int experts) {
   using namespace cute;
   using X = Underscore;
-  Tensor mA1 = p.tma_load_a.get_tma_tensor(make_shape(m, k, 1));
+  Tensor mA1 = tma_a.get_tma_tensor(make_shape(m, k, 1));
   Tensor mA = make_tensor(mA1.data(), make_layout(make_shape(m, k, experts),
                                                   make_stride(get<0>(mA1.stride()), get<1>(mA1.stride()), Int<0>{})));
-  Tensor mB = p.tma_load_b.get_tma_tensor(make_shape(n, k, experts));
+  Tensor mB = tma_b.get_tma_tensor(make_shape(n, k, experts));
   Tensor gA = local_tile(mA, TileShape{}, make_coord(_, _, _), Step<_1, X, _1>{});
   Tensor gB = local_tile(mB, TileShape{}, make_coord(_, _, _), Step<X, _1, _1>{});
   return make_tuple(gA, gB);
 }
+
+// B's tile rows in two TMA boxes (GemmConfig::kSplitB): the descriptor make_tma_copy_B_sm90 builds for
+// a cluster of two blocks along M, where each block loads half of the rows (and multicasts them). Here
+// there is no cluster: the one producer issues both halves into each stage (GemmConfig::load).
+template <class Mainloop, class TileShape>
+struct TwoBoxB {
+  using HalvesCluster = cute::Shape<cute::_2, cute::_1, cute::_1>;
+  template <class GTensor>
+  static auto make(const GTensor& b) {
+    using namespace cute;
+    return make_tma_copy_B_sm90(SM90_TMA_LOAD{}, b, typename Mainloop::SmemLayoutB{}(_, _, Int<0>{}), TileShape{},
+                                HalvesCluster{});
+  }
+  using Tma = decltype(make(cute::make_tensor(static_cast<typename Mainloop::InternalElementB const*>(nullptr),
+                                              cute::repeat_like(typename Mainloop::StrideB{}, int32_t(0)),
+                                              typename Mainloop::StrideB{})));
+  // CUTLASS's parameters (A's descriptor, the stage's transaction bytes) and B's two-box descriptor;
+  // CUTLASS's own B descriptor stays empty (it would be one box of all the rows).
+  struct Params : Mainloop::Params {
+    Tma tma_load_b_halves;
+  };
+};
+
+template <bool TwoBoxes, class Mainloop, class TileShape>
+struct MainloopParamsOf {
+  using type = typename Mainloop::Params;
+};
+template <class Mainloop, class TileShape>
+struct MainloopParamsOf<true, Mainloop, TileShape> {
+  using type = typename TwoBoxB<Mainloop, TileShape>::Params;
+};
 
 template <int TileM_, int TileN_, Major AMajor_ = Major::k, Major BMajor_ = Major::k>
 struct GemmConfig {
@@ -69,9 +101,11 @@ struct GemmConfig {
   // at most 256 rows: wider, the descriptor fails to build (CUTLASS prints an error and goes on) and the
   // first load never lands. Layer 0 on 128 x 320 tiles hung that way on the H100 (docs/design-changes.md,
   // "Tried on 2026-12-06 (sixteenth session)"). CUTLASS's grouped kernels run 128 x 320 in 2 x 1
-  // clusters, where each block loads half of B's rows (160) and multicasts them.
-  static_assert((AMajor == Major::mn || TileM <= 256) && (BMajor == Major::mn || TileN <= 256),
-                "a K-major operand's tile is wider than one TMA box (256 rows)");
+  // clusters, where each block loads half of B's rows (160) and multicasts them; a K-major B wider than
+  // 256 is loaded the same way here, both halves by our producer (kSplitB, TwoBoxB).
+  static_assert(AMajor == Major::mn || TileM <= 256, "a K-major A tile is wider than one TMA box (256 rows)");
+  static_assert(BMajor == Major::mn || TileN <= 512, "a K-major B tile is wider than two TMA boxes (2 x 256 rows)");
+  static constexpr bool kSplitB = BMajor == Major::k && TileN > 256;
   using ClusterShape = cute::Shape<cute::_1, cute::_1, cute::_1>;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp,
@@ -80,7 +114,7 @@ struct GemmConfig {
       float, TileShape, ClusterShape,
       cutlass::gemm::collective::StageCountAutoCarveout<kEpilogueStagingBytes>,
       cutlass::gemm::KernelTmaWarpSpecializedCooperative>::CollectiveOp;
-  using MainloopParams = typename Mainloop::Params;
+  using MainloopParams = typename MainloopParamsOf<kSplitB, Mainloop, TileShape>::type;
   using TiledMma = typename Mainloop::TiledMma;
   using Pipeline = typename Mainloop::MainloopPipeline;
   using PipelineState = typename Mainloop::PipelineState;
@@ -113,23 +147,85 @@ struct GemmConfig {
     using namespace cute;
     using StrideA = typename Mainloop::StrideA;
     using StrideB = typename Mainloop::StrideB;
-    auto ptr_a = static_cast<const cutlass::bfloat16_t*>(a);
-    auto ptr_b = static_cast<const cutlass::bfloat16_t*>(b);
-    // A's descriptor is built for L = 1; B's for L = experts. (The A descriptor of the second call
-    // describes a fake batched A and is discarded.)
     const StrideA da = packed_stride<StrideA, AMajor>(m, k);
     const StrideB db = packed_stride<StrideB, BMajor>(n, k);
-    MainloopParams pa = Mainloop::to_underlying_arguments(make_shape(m, n, k, 1),
-                                                          typename Mainloop::Arguments{ptr_a, da, ptr_b, db}, nullptr);
-    MainloopParams pb = Mainloop::to_underlying_arguments(make_shape(m, n, k, experts),
-                                                          typename Mainloop::Arguments{ptr_a, da, ptr_b, db}, nullptr);
-    pb.tma_load_a = pa.tma_load_a;
-    return pb;
+    if constexpr (kSplitB) {
+      // A's descriptor as CUTLASS's to_underlying_arguments builds it, B's in two boxes; CUTLASS's one-box
+      // B descriptor is not built (its encoding fails: more than 256 rows).
+      MainloopParams p{};  // the transaction bytes: CUTLASS's defaults (the whole stage, A and B)
+      auto raw_a = reinterpret_cast<typename Mainloop::InternalElementA const*>(a);
+      auto raw_b = reinterpret_cast<typename Mainloop::InternalElementB const*>(b);
+      p.tma_load_a = make_tma_copy_A_sm90(typename Mainloop::GmemTiledCopyA{},
+                                          make_tensor(raw_a, make_layout(make_shape(m, k, 1), da)),
+                                          typename Mainloop::SmemLayoutA{}(_, _, Int<0>{}), TileShape{}, ClusterShape{});
+      p.tma_load_b_halves =
+          TwoBoxB<Mainloop, TileShape>::make(make_tensor(raw_b, make_layout(make_shape(n, k, experts), db)));
+      return p;
+    } else {
+      auto ptr_a = static_cast<const cutlass::bfloat16_t*>(a);
+      auto ptr_b = static_cast<const cutlass::bfloat16_t*>(b);
+      // A's descriptor is built for L = 1; B's for L = experts. (The A descriptor of the second call
+      // describes a fake batched A and is discarded.)
+      MainloopParams pa = Mainloop::to_underlying_arguments(make_shape(m, n, k, 1),
+                                                            typename Mainloop::Arguments{ptr_a, da, ptr_b, db}, nullptr);
+      MainloopParams pb = Mainloop::to_underlying_arguments(make_shape(m, n, k, experts),
+                                                            typename Mainloop::Arguments{ptr_a, da, ptr_b, db}, nullptr);
+      pb.tma_load_a = pa.tma_load_a;
+      return pb;
+    }
   }
 
   // Device: the (gA_mkl, gB_nkl) tuple the collective's load() expects, A broadcast over L.
   CUTE_DEVICE static auto load_inputs(const MainloopParams& p, int m, int n, int k, int experts) {
-    return tiled_ab_views<TileShape>(p, m, n, k, experts);
+    if constexpr (kSplitB) return tiled_ab_views<TileShape>(p.tma_load_a, p.tma_load_b_halves, m, n, k, experts);
+    else return tiled_ab_views<TileShape>(p.tma_load_a, p.tma_load_b, m, n, k, experts);
+  }
+
+  // Device, the producer warp: the stages of one tile, k_tiles K-tiles from k_iter (CUTLASS's load()
+  // unless B is in two boxes: then the same loop, B's two halves issued into each stage against the
+  // stage's one barrier, whose transaction bytes are the whole stage's either way).
+  template <class Pipeline, class State, class Inputs, class Coord, class KIter>
+  CUTE_DEVICE static void load(Mainloop& mainloop, const MainloopParams& p, Pipeline& pipeline, State state,
+                               const Inputs& inputs, const Coord& coord, KIter k_iter, int k_tiles, int lane,
+                               typename Mainloop::TensorStorage& tensors) {
+    using namespace cute;
+    if constexpr (!kSplitB) {
+      mainloop.load(p, pipeline, state, inputs, coord, k_iter, k_tiles, lane, 0u, tensors);
+    } else {
+      if (!elect_one_sync()) return;
+      Tensor sA = make_tensor(make_smem_ptr(tensors.smem_A.data()), typename Mainloop::SmemLayoutA{});
+      Tensor sB = make_tensor(make_smem_ptr(tensors.smem_B.data()), typename Mainloop::SmemLayoutB{});
+      Tensor gA = get<0>(inputs)(_, _, get<0>(coord), _, get<3>(coord));  // (BLK_M, BLK_K, k)
+      Tensor gB = get<1>(inputs)(_, _, get<1>(coord), _, get<3>(coord));  // (BLK_N, BLK_K, k)
+      auto a = p.tma_load_a.get_slice(0);
+      auto b0 = p.tma_load_b_halves.get_slice(0), b1 = p.tma_load_b_halves.get_slice(1);
+      Tensor tAgA = a.partition_S(gA);
+      Tensor tAsA = a.partition_D(sA);
+      Tensor tB0g = b0.partition_S(gB);
+      Tensor tB0s = b0.partition_D(sB);
+      Tensor tB1g = b1.partition_S(gB);
+      Tensor tB1s = b1.partition_D(sB);
+      for (; k_tiles > 0; --k_tiles) {
+        pipeline.producer_acquire(state);
+        auto* barrier = pipeline.producer_get_barrier(state);
+        const int stage = state.index();
+        copy(p.tma_load_a.with(*barrier), tAgA(_, _, _, *k_iter), tAsA(_, _, _, stage));
+        copy(p.tma_load_b_halves.with(*barrier), tB0g(_, _, _, *k_iter), tB0s(_, _, _, stage));
+        copy(p.tma_load_b_halves.with(*barrier), tB1g(_, _, _, *k_iter), tB1s(_, _, _, stage));
+        ++k_iter;
+        ++state;
+      }
+    }
+  }
+
+  // Device: the descriptors' prefetch (CUTLASS's, or A's and B's two-box one).
+  CUTE_DEVICE static void prefetch_descriptors(const MainloopParams& p) {
+    if constexpr (kSplitB) {
+      cute::prefetch_tma_descriptor(p.tma_load_a.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(p.tma_load_b_halves.get_tma_descriptor());
+    } else {
+      Mainloop::prefetch_tma_descriptors(p);
+    }
   }
 };
 

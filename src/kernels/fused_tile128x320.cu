@@ -4,6 +4,13 @@
 // 2 passes where 256-wide ones make 3 (5 against 7). cuBLASLt picks exact-fit tiles of 320 for those
 // shapes too. CUTLASS's cooperative builder takes two 64 x 160 wgmma atoms across N; each consumer thread
 // holds 160 fp32 accumulators. The tuner's table picks it from measured sweeps only.
+// CuTe's wgmma selector takes only N = 256, 192, 128, 96, 64, 32, 16 and 8 unless this is defined before
+// its headers: a 160-wide tile then runs 32-wide wgmmas and a 320-wide one 64-wide ones (the same
+// products in more instructions, each reading its A slice from shared memory again). Defined per
+// translation unit where it compiles: here, and in layer 0's 320-wide tile (our own epilogue). CUTLASS's
+// epilogues on 320-wide tiles (the grouped expert GEMM's and the weight gradients') fail a layout
+// divisibility assertion with 160-wide atoms, so those keep 64-wide ones; the other widths are in the list.
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED 1
 #include "kernels/fused_launch.cuh"
 
 namespace comet::kernels {

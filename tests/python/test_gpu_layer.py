@@ -278,6 +278,24 @@ def test_grouped_weight_grad_matches_plain_pytorch_autograd(name, kw, link):
         assert_grad_matches(got.dx[r], want.dx[r], f"{name} dx rank {r}")
 
 
+def test_narrow_n_tiles_off_gives_the_same_gradients():
+    """narrow_n_tiles=False (the 128 x 320 substitution off) on a shard whose F / tp is 320 (where it
+    applies): the option reaches the layer, and both settings give the plain MoE's gradients, bit for bit
+    each other's."""
+    p = make_problem(seed=320, ffn=640, ep=1, tp=2, tokens=(70, 131))
+    dout = random_douts(p, 321)
+    on = layer_for(p, "device")
+    off = layer_for(p, "device", narrow_n_tiles=False)
+    assert on.engine.narrow_n_tiles and not off.engine.narrow_n_tiles
+    got_on, got_off, want = comet_grads(p, on, dout), comet_grads(p, off, dout), reference_grads(p, dout)
+    assert torch.equal(got_on.gate_up, got_off.gate_up) and torch.equal(got_on.down, got_off.down)
+    assert_grad_matches(got_off.gate_up, want.gate_up, "dW0")
+    assert_grad_matches(got_off.down, want.down, "dW1")
+    for r in range(p.world):
+        assert torch.equal(got_on.dx[r], got_off.dx[r]), f"dx rank {r}"
+        assert_grad_matches(got_off.dx[r], want.dx[r], f"dx rank {r}")
+
+
 # ---- gradient_accumulation_fusion (Megatron's main_grad) ----------------------------------------------------
 def give_main_grads(layer, dtype, megatron_flags=True):
     for w in (layer.w0, layer.w1):

@@ -84,7 +84,8 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       r.picked_by = std::string(moe.decision(2, 0, LayerMode::fused, pick).picked_by) + "/" +
                     moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
                     "+wgrad:" + to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, fs)) + "/" +
-                    to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, H));
+                    to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, H)) +
+                    (o_.cublas_backward ? "+cublas" : "");
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {

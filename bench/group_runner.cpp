@@ -49,6 +49,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   mo.layer1 = variant(o_.tile_n == 320 ? 256 : o_.tile_n, 4);  // 320: layer 0's alone (l0 runs only)
   mo.adaptive_split = o_.adaptive;
   mo.narrow_n_tiles = o_.narrow_n_tiles;
+  mo.cublas_backward = o_.cublas_backward;
   mo.training = o_.has_backward();  // the forwards keep their pre-activations (every forward record then pays it)
   mo.compute_ranks = {0};           // the others only stage their tokens: no gathered rows, hidden or Y
   mo.dtype = fp8() ? DType::e4m3 : DType::bf16;

@@ -67,6 +67,15 @@ struct MoeOptions {
   // planner's CUTLASS picks for the backward's standalone GEMMs and weight gradients run 128 x 320 tiles
   // (the same bits). Off: the table's and the rule's picks as they are (for A/B runs).
   bool narrow_n_tiles = true;
+  // Training: the backward's GEMMs that run with no comm blocks beside them (the sequential schedule of
+  // its two data GEMMs, and the weight gradients) are cuBLAS's, one call per expert with its exact rows
+  // (src/ops/cublas_gemms.hpp: a training forward reads the plan's per-expert rows back to the host
+  // without waiting; the backward waits for that copy). Nothing is overlapped there, so the fastest GEMM
+  // wins; cuBLAS leads CUTLASS's best by up to 16 % on one large expert per rank (Mixtral EP 8). Other
+  // bits than the device-shaped kernels' (still the same every run), and not under CUDA-graph capture
+  // (where it falls back to them). Off by default (docs/design-changes.md, "cuBLAS for the backward's
+  // standalone GEMMs").
+  bool cublas_backward = false;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),

@@ -90,6 +90,9 @@ class MoELayer(nn.Module):
     fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE).
     weight_grad_kernel: which GEMM makes the weight gradients (comet.FusedMoE): "auto" (default, the
     planner's rule by shape), "persistent", "grouped", "grouped_cooperative" or "grouped_320"; all give the same bits.
+    narrow_n_tiles=False: keep "auto"'s picks off the 128 x 320 tiles it takes where F / tp is 320 or 800
+    (comet.FusedMoE; the same bits, for A/B runs).
+    cublas_backward=True: the backward's GEMMs with no comm beside them run cuBLAS (comet.FusedMoE).
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
     bf16: comet.FusedMoE).
     w0 and w1 carry Megatron's expert marker, ``allreduce`` (False under EP: their gradients are reduced over
@@ -121,7 +124,8 @@ class MoELayer(nn.Module):
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: Optional[bool] = None, fused_activation_grad: bool = False,
                  weight_grad_kernel: str = "auto", transport: str = "peer",
-                 gradient_accumulation_fusion: bool = False):
+                 gradient_accumulation_fusion: bool = False, narrow_n_tiles: bool = True,
+                 cublas_backward: bool = False):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "
@@ -142,7 +146,8 @@ class MoELayer(nn.Module):
                                checking=checking, training=training, dtype="e4m3" if fp8 else "bf16",
                                fused_activation_grad=fused_activation_grad,
                                weight_grad_kernel=weight_grad_kernel, transport=transport,
-                               gradient_accumulation_fusion=gradient_accumulation_fusion)
+                               gradient_accumulation_fusion=gradient_accumulation_fusion,
+                               narrow_n_tiles=narrow_n_tiles, cublas_backward=cublas_backward)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         self.expert_dtype, self.fp8 = dtype, fp8

@@ -185,7 +185,15 @@ class FusedMoE:
       ("grouped") at up to 2048 rows per expert, its cooperative 128 x 256 GEMM in 2 x 1 clusters
       ("grouped_cooperative") at 4096 rows and more with H >= 3072 (H = 3584 measured on an H100), else
       comet's persistent kernel ("persistent"). "grouped_320": the cooperative GEMM on 128 x 320 tiles
-      (faster where F / tp is 320 or 800; not yet run by the GPU tests, so never picked by "auto").
+      (faster where F / tp is 320 or 800, Qwen2-57B and Phi-3.5 at TP 8).
+    narrow_n_tiles (default True; MoeOptions::narrow_n_tiles): where N is narrow (F / tp = 320 or 800),
+      "auto" runs the backward's CUTLASS picks (standalone GEMMs and weight gradients) on 128 x 320 tiles,
+      the same bits; False keeps the table's and the rule's picks as they are (A/B runs).
+    cublas_backward (default False; MoeOptions::cublas_backward): the backward's GEMMs that have no comm
+      beside them (its data GEMMs in the sequential schedule, and the weight gradients under "auto") run
+      cuBLAS, one call per expert with its exact rows, which a training forward copies to the host
+      without waiting (the backward waits for that copy). Other bits than comet's kernels (the same every
+      run); not under CUDA-graph capture, where the backward keeps comet's kernels.
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16
@@ -203,12 +211,16 @@ class FusedMoE:
                  adaptive_split: bool = True, batch_invariant: bool = False, checking: bool = False,
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
                  dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "auto",
-                 transport: str = "peer", gradient_accumulation_fusion: bool = False):
+                 transport: str = "peer", gradient_accumulation_fusion: bool = False, narrow_n_tiles: bool = True,
+                 cublas_backward: bool = False):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         if weight_grad_kernel not in _WEIGHT_GRAD_KERNELS:
             raise ValueError(f"comet.FusedMoE: weight_grad_kernel must be one of {_WEIGHT_GRAD_KERNELS}, got "
                              f"{weight_grad_kernel!r}")
+        for name, flag in (("narrow_n_tiles", narrow_n_tiles), ("cublas_backward", cublas_backward)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"comet.FusedMoE: {name} must be a bool, got {flag!r}")
         native_dtype = _DTYPES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
         if native_dtype is None:
             raise ValueError(f"comet.FusedMoE: dtype must be 'bf16' or 'e4m3' (torch.bfloat16 or torch.float8_e4m3fn: "
@@ -225,6 +237,7 @@ class FusedMoE:
         self.activation, self.training = activation, training
         self.fused_activation_grad = fused_activation_grad
         self.weight_grad_kernel = weight_grad_kernel
+        self.narrow_n_tiles, self.cublas_backward = narrow_n_tiles, cublas_backward
         self.gradient_accumulation_fusion = gradient_accumulation_fusion
         self.dtype, self.fp8 = native_dtype, fp8
         try:
@@ -234,7 +247,8 @@ class FusedMoE:
                 layer1_tile_n=tile_n[1], layer1_n_comm=n_comm[1], adaptive_split=adaptive_split,
                 batch_invariant=batch_invariant, checking=checking, training=training, tune_table=tune_table,
                 allocate=allocator.alloc if allocator else None, release=allocator.release if allocator else None,
-                dtype=native_dtype, transport=transport)
+                dtype=native_dtype, transport=transport, narrow_n_tiles=narrow_n_tiles,
+                cublas_backward=cublas_backward)
         except Exception as e:
             if allocator is None or allocator.failure is None:
                 raise

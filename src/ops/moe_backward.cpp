@@ -121,7 +121,9 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/true, par_.world(), launch, [&](const auto& x) {
     // The fused activation backward lives in our kernel's epilogue; a plain D = G W1_e may be CUTLASS's.
-    if (d.standalone_gemm == StandaloneGemm::comet || l.fused_activation) return launch(x);
+    if (l.fused_activation) return launch(x);
+    if (s.cublas_rows) return s.cublas->data_gemm(s.stream, *s.cublas_rows, s.grad_rows, shape_.hidden, l.w1, l.ffn_shard, l.d);
+    if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
     grouped_expert_gemm(s, d.standalone_gemm, s.grad_rows, shape_.hidden, l.w1, /*w_kn=*/true, l.ffn_shard, l.d);
   });
   if (mode == LayerMode::comm_only) return;
@@ -198,6 +200,8 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
   l.kernel = planner_.weight_grad_kernel(s.tokens, o.weight_grad_kernel, q_cols);
+  if (s.cublas_rows && o.weight_grad_kernel == WeightGradKernel::automatic)
+    return s.cublas->weight_grads(stream, *s.cublas_rows, p, p_cols, q, q_cols, out, l.out_f32, l.accumulate);
   if (l.kernel != WeightGradKernel::persistent) {  // launch 0 (dW1) and 1 (dW0): a workspace each (they may overlap)
     l.workspace_bytes = s.wgrad_workspace_bytes;
     l.workspace = static_cast<char*>(s.wgrad_workspace) + size_t(launch) * l.workspace_bytes;
@@ -209,7 +213,8 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w0 || mode == LayerMode::comm_only, "FusedMoe: no weights (w0) set for rank ", rank);
   const PlannedLaunch& planned = grad_plan(0, s, mode, request);
-  const LaunchDecision& d = planned.decision;
+  LaunchDecision d = planned.decision;
+  if (s.cublas_rows) d.one_launch = false;  // cuBLAS's GEMM is a launch of its own
   s.last[3] = d;
   const int H = shape_.hidden;
   kernels::GradLayer0Launch l;
@@ -226,6 +231,7 @@ void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& reques
   l.split = grid_split(s, planned, mode, 3);
   auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
+    if (s.cublas_rows) return s.cublas->data_gemm(s.stream, *s.cublas_rows, l.dpre, l.n0, l.w0, H, l.y);
     if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
     grouped_expert_gemm(s, d.standalone_gemm, l.dpre, l.n0, l.w0, /*w_kn=*/true, H, l.y);  // dA = dPre W0_e
   });
@@ -257,6 +263,17 @@ void MoeEngine::finish_grad(int rank, const RankGrad& g) {
 void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o, const LayerRequest& request1,
                            const LayerRequest& request0) {
   RankState& s = compute_state(rank);
+  // MoeOptions::cublas_backward: the standalone GEMMs below run cuBLAS with the rows the forward read
+  // back (this waits for that copy; an empty result keeps the device-shaped kernels).
+  s.cublas_rows.reset();
+  if (s.cublas) {
+    ExpertRows rows;
+    if (s.host_counts.wait(cap_.max_rows_per_rank, rows)) s.cublas_rows = std::move(rows);
+  }
+  struct Reset {
+    RankState& s;
+    ~Reset() { s.cublas_rows.reset(); }
+  } reset{s};
   prepare_grad(rank);
   grad_layer1(rank, LayerMode::fused, request1, o.fused_activation);
   grad_gates(rank);

@@ -206,6 +206,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       COMET_CUDA_CHECK(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, least));
       COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->side_fork, cudaEventDisableTiming));
       COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->side_join, cudaEventDisableTiming));
+      if (options_.cublas_backward) s->cublas = std::make_unique<CublasExpertGemms>();  // loads cuBLAS now
       s->pre = alloc(*s, size_t(rows) * w0_shard_rows() * 2);
       s->grad_rows = alloc(*s, size_t(rows) * row_bytes);
       s->gate_partials = static_cast<float*>(alloc(*s, size_t(rows) * gate_blocks() * sizeof(float)));
@@ -365,6 +366,7 @@ void MoeEngine::prepare(int rank) {
   }
 #endif
   s.plan.build(nvshmem_transport() ? s.mirror_slots : team_.peer_ptrs(routing_sym_, rank), s.stream);
+  if (s.cublas) s.host_counts.read_async(s.plan.view(), par_.local_experts(shape_), s.stream);  // no wait here
   kernels::advance_epoch(s.sync.epoch, s.stream);
   if (s.tokens > 0) {
     // bf16 rows come from the caller's x; records from the exported buffer stage() quantised them into.

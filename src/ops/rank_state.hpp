@@ -5,10 +5,13 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "comet/device_plan.hpp"
 #include "kernels/layer_sync.hpp"
+#include "ops/cublas_gemms.hpp"
 #include "tune/launch_planner.hpp"
 #include "ops/moe_engine.hpp"
 
@@ -58,6 +61,12 @@ struct MoeEngine::RankState {
   size_t gemm_workspace_bytes = 0;
   void* wgrad_workspace = nullptr;  // two grouped weight-gradient launches' workspaces (dW1, dW0)
   size_t wgrad_workspace_bytes = 0;  // of each
+  // MoeOptions::cublas_backward: the plan's per-expert rows on the host (read after each forward's plan
+  // build), cuBLAS's handles, and the rows grad_steps runs the standalone GEMMs with (empty: the
+  // device-shaped kernels, e.g. under graph capture).
+  HostPlanCounts host_counts;
+  std::unique_ptr<CublasExpertGemms> cublas;
+  std::optional<ExpertRows> cublas_rows;
   bool saved = false;             // the last forward kept its activations and no backward used them yet
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)
   // The weight gradients run beside grad_layer0 on a low-priority stream: they take the SMs its

@@ -329,6 +329,13 @@ def test_fused_moe_refuses_an_unknown_weight_grad_kernel():
         comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, weight_grad_kernel="fast")
 
 
+def test_fused_moe_refuses_a_non_bool_narrow_n_tiles():
+    with pytest.raises(TypeError, match="narrow_n_tiles must be a bool"):
+        comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, narrow_n_tiles="off")
+    with pytest.raises(TypeError, match="cublas_backward must be a bool"):
+        comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, cublas_backward=1)
+
+
 def test_weight_helpers_reject_bad_layouts():
     with pytest.raises(ValueError, match="divisible by ep"):
         W.shard_w1(torch.randn(3, 4, 8), ep=2, tp=1, rank=0)

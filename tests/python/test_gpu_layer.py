@@ -278,6 +278,45 @@ def test_grouped_weight_grad_matches_plain_pytorch_autograd(name, kw, link):
         assert_grad_matches(got.dx[r], want.dx[r], f"{name} dx rank {r}")
 
 
+def test_narrow_n_tiles_off_gives_the_same_gradients():
+    """narrow_n_tiles=False (the 128 x 320 substitution off) on a shard whose F / tp is 320 (where it
+    applies): the option reaches the layer, and both settings give the plain MoE's gradients, bit for bit
+    each other's."""
+    p = make_problem(seed=320, ffn=640, ep=1, tp=2, tokens=(70, 131))
+    dout = random_douts(p, 321)
+    on = layer_for(p, "device")
+    off = layer_for(p, "device", narrow_n_tiles=False)
+    assert on.engine.narrow_n_tiles and not off.engine.narrow_n_tiles
+    got_on, got_off, want = comet_grads(p, on, dout), comet_grads(p, off, dout), reference_grads(p, dout)
+    assert torch.equal(got_on.gate_up, got_off.gate_up) and torch.equal(got_on.down, got_off.down)
+    assert_grad_matches(got_off.gate_up, want.gate_up, "dW0")
+    assert_grad_matches(got_off.down, want.down, "dW1")
+    for r in range(p.world):
+        assert torch.equal(got_on.dx[r], got_off.dx[r]), f"dx rank {r}"
+        assert_grad_matches(got_off.dx[r], want.dx[r], f"dx rank {r}")
+
+
+@pytest.mark.parametrize("name,kw,link", [GRAD_CASES[3], GRAD_CASES[6]], ids=[GRAD_CASES[i][0] for i in (3, 6)])
+def test_cublas_backward_matches_plain_pytorch_autograd(name, kw, link):
+    """cublas_backward=True with the sequential schedule (n_comm 0: every backward GEMM is cuBLAS's, with
+    the rows the forward read back), on experts without rows (one-hot routing) and on EP x TP with top-8:
+    the plain MoE's gradients, and the same bits on a second step."""
+    seed = zlib.crc32(name.encode()) % 1000
+    p = make_problem(seed=seed, **kw)
+    layer = layer_for(p, link, cublas_backward=True, n_comm=(0, 0))
+    assert layer.engine.cublas_backward
+    dout = random_douts(p, seed + 1)
+    got, want = comet_grads(p, layer, dout), reference_grads(p, dout)
+    again = comet_grads(p, layer, dout)
+    layer.engine.synchronize()
+    assert_grad_matches(got.gate_up, want.gate_up, f"{name} dW0")
+    assert_grad_matches(got.down, want.down, f"{name} dW1")
+    assert torch.equal(again.gate_up, got.gate_up) and torch.equal(again.down, got.down), f"{name} repeat"
+    for r in range(p.world):
+        assert_grad_matches(got.dx[r], want.dx[r], f"{name} dx rank {r}")
+        assert torch.equal(again.dx[r], got.dx[r]), f"{name} dx rank {r} repeat"
+
+
 # ---- gradient_accumulation_fusion (Megatron's main_grad) ----------------------------------------------------
 def give_main_grads(layer, dtype, megatron_flags=True):
     for w in (layer.w0, layer.w1):

@@ -38,7 +38,17 @@ struct BwdCase {
   int hot = 0;
   bool fused_act = false;  // BackwardOptions::fused_activation
   WeightGradKernel wgrad = WeightGradKernel::persistent;  // BackwardOptions::weight_grad_kernel
+  bool cublas = false;  // MoeOptions::cublas_backward
 };
+
+// The same case with MoeOptions::cublas_backward: the standalone GEMMs (the sequential schedule's) and
+// the weight gradients (automatic) are cuBLAS's, with the rows the forward read back.
+BwdCase with_cublas(BwdCase c, const char* name) {
+  c.cublas = true;
+  c.wgrad = WeightGradKernel::automatic;
+  c.name = name;
+  return c;
+}
 
 // The same case with the weight gradients from one of CUTLASS's grouped GEMMs (ping-pong by default).
 BwdCase with_grouped_wgrad(BwdCase c, const char* name, WeightGradKernel kernel = WeightGradKernel::grouped) {
@@ -98,6 +108,7 @@ struct Harness {
     o.layer0 = c.l0;
     o.layer1 = c.l1;
     o.training = true;
+    o.cublas_backward = c.cublas;
     return o;
   }
 
@@ -307,7 +318,28 @@ INSTANTIATE_TEST_SUITE_P(
         with_fused_act(BwdCase{"", kGelu, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::host,
                                with_standalone(forced(256, 0), StandaloneGemm::grouped),
                                with_standalone(forced(256, 0), StandaloneGemm::grouped)},
-                       "EP2xTP2_grouped_gemms_fused_act")),
+                       "EP2xTP2_grouped_gemms_fused_act"),
+        // cuBLAS's GEMMs (MoeOptions::cublas_backward) in the sequential schedule: a rank without tokens,
+        // every token on one expert (experts without rows: zeroed weight gradients), partial tiles (TP 4:
+        // F_s = 96), top-8 with bf16 main grads; and with comm blocks beside the data GEMMs (only the
+        // weight gradients are cuBLAS's), and with the activation backward in launch 2's epilogue.
+        with_cublas(BwdCase{"", kSmallSwiglu, {4, 1}, {100, 0, 257, 3}, RoutingKind::uniform, Link::device,
+                            forced(256, 0), forced(256, 0)},
+                    "EP4_zero_token_rank_cublas"),
+        with_cublas(BwdCase{"", kSilu, {4, 1}, {90, 200, 0, 129}, RoutingKind::one_expert, Link::host, forced(256, 0),
+                            forced(256, 0)},
+                    "EP4_all_to_one_expert_top1_silu_cublas"),
+        with_cublas(BwdCase{"", kGelu, {1, 4}, {50, 70, 0, 129}, RoutingKind::uniform, Link::device, forced(128, 0),
+                            forced(256, 0)},
+                    "TP4_gelu_cublas"),
+        with_cublas(BwdCase{"", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::zipf, Link::host,
+                            forced(256, 0), forced(256, 0), GradType::bf16},
+                    "EP8_top8_zipf_bf16_grads_cublas"),
+        with_cublas(BwdCase{"", kTop8, {2, 2}, {80, 0, 150, 41}}, "EP2xTP2_top8_fused_schedule_cublas"),
+        with_cublas(with_fused_act(BwdCase{"", kGelu, {2, 2}, {80, 0, 150, 41}, RoutingKind::zipf, Link::host,
+                                           forced(256, 0), forced(256, 0)},
+                                   ""),
+                    "EP2xTP2_sequential_schedule_fused_act_cublas")),
     [](const ::testing::TestParamInfo<BwdCase>& info) { return std::string(info.param.name); });
 
 // The activation's backward in the epilogue computes dPre and g h with activation_grad's arithmetic on
@@ -549,6 +581,35 @@ TEST(FusedBackward, AccumulateAddsToMainGrads) {
       ASSERT_EQ(twice.dw0[i], 2 * once.dw0[i]) << name << " dW0 element " << i;
     for (size_t i = 0; i < once.dw1.size(); ++i)
       ASSERT_EQ(twice.dw1[i], 2 * once.dw1[i]) << name << " dW1 element " << i;
+  }
+}
+
+// cuBLAS's backward GEMMs (MoeOptions::cublas_backward) give the same bits every run, and add into main
+// grads: twice one backward, to fp32 rounding (cuBLAS may take another algorithm with beta 1, so not
+// bit for bit) or one bf16 ulp.
+TEST(FusedBackward, CublasBackwardIsRepeatableAndAccumulates) {
+  for (GradType type : {GradType::f32, GradType::bf16}) {
+    BwdCase c = with_cublas(BwdCase{"", kTop8, {4, 1}, {200, 150, 0, 99}, RoutingKind::uniform, Link::host,
+                                    forced(256, 0), forced(256, 0), type},
+                            "cublas");
+    Harness h(c);
+    h.run();
+    check_gradients(h);
+    const auto once = h.gradients();
+    h.run();
+    const auto again = h.gradients();
+    for (int r = 0; r < 4; ++r) EXPECT_TRUE(bitwise_equal(again.dx[r], once.dx[r])) << "dx rank " << r;
+    EXPECT_TRUE(bitwise_equal(again.dw0, once.dw0) && bitwise_equal(again.dw1, once.dw1));
+    h.fused.forward(h.batches());
+    h.fused.backward(h.grad_list(), nullptr, BackwardOptions{type, true, false, WeightGradKernel::automatic});
+    h.fused.sync_and_check();
+    const auto twice = h.gradients();
+    const float rel = type == GradType::f32 ? 1e-5f : 1.f / 128;
+    auto near = [rel](float got, float want) { return std::abs(got - want) <= rel * std::abs(want) + 1e-6f; };
+    for (size_t i = 0; i < once.dw0.size(); ++i)
+      ASSERT_TRUE(near(twice.dw0[i], 2 * once.dw0[i])) << "dW0 element " << i << ": " << twice.dw0[i] << " against 2 x " << once.dw0[i];
+    for (size_t i = 0; i < once.dw1.size(); ++i)
+      ASSERT_TRUE(near(twice.dw1[i], 2 * once.dw1[i])) << "dW1 element " << i << ": " << twice.dw1[i] << " against 2 x " << once.dw1[i];
   }
 }
 

@@ -1,0 +1,166 @@
+#include "ops/cublas_gemms.hpp"
+
+#include <cublas_v2.h>
+#include <dlfcn.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "comet/cuda_check.hpp"
+
+namespace comet {
+namespace {
+
+// The cuBLAS entry points the backward uses, resolved once from the loaded library.
+struct CublasApi {
+  void* lib = nullptr;
+  std::string error;
+  cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
+  cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
+  cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
+  cublasStatus_t (*gemm_ex)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int, const void*,
+                            const void*, cudaDataType, int, const void*, cudaDataType, int, const void*, void*,
+                            cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
+};
+
+template <class F>
+bool resolve(CublasApi& a, F& fn, const char* name) {
+  fn = reinterpret_cast<F>(dlsym(a.lib, name));
+  if (!fn) a.error = std::string("symbol ") + name + " missing";
+  return fn != nullptr;
+}
+
+CublasApi load() {
+  CublasApi a;
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("COMET_CUBLAS_LIB")) candidates.push_back(env);
+  candidates.push_back("libcublas.so.13");
+  candidates.push_back("/usr/local/cuda/lib64/libcublas.so.13");
+  for (const std::string& c : candidates) {
+    a.lib = dlopen(c.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (a.lib) break;
+    a.error += (a.error.empty() ? "" : "; ") + std::string(dlerror());
+  }
+  if (!a.lib) return a;
+  a.error.clear();
+  if (!(resolve(a, a.create, "cublasCreate_v2") && resolve(a, a.destroy, "cublasDestroy_v2") &&
+        resolve(a, a.set_stream, "cublasSetStream_v2") && resolve(a, a.gemm_ex, "cublasGemmEx")))
+    a.lib = nullptr;  // left loaded: cheaper than reasoning about a half-resolved library
+  return a;
+}
+
+const CublasApi& api() {
+  static const CublasApi a = load();
+  COMET_REQUIRE(a.lib, "MoeOptions::cublas_backward: cuBLAS could not be loaded (", a.error,
+                "); set COMET_CUBLAS_LIB to libcublas.so.13");
+  return a;
+}
+
+void check(cublasStatus_t s, const char* what) {
+  COMET_REQUIRE(s == CUBLAS_STATUS_SUCCESS, "MoeOptions::cublas_backward: ", what, " failed (cuBLAS status ", int(s), ")");
+}
+
+}  // namespace
+
+// ---- HostPlanCounts -------------------------------------------------------------------------------------
+
+HostPlanCounts::~HostPlanCounts() {
+  if (ready_) cudaEventDestroy(ready_);
+  if (words_) cudaFreeHost(words_);
+}
+
+void HostPlanCounts::read_async(const PlanView& plan, int local_experts, cudaStream_t stream) {
+  pending_ = false;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  if (!words_ || local_experts != local_experts_) {
+    if (words_) COMET_CUDA_CHECK(cudaFreeHost(words_));
+    words_ = nullptr;
+    COMET_CUDA_CHECK(cudaMallocHost(reinterpret_cast<void**>(&words_),
+                                    sizeof(int32_t) * (kPlanStatusWords + 2 * size_t(local_experts) + 1)));
+    local_experts_ = local_experts;
+  }
+  if (!ready_) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+  int32_t* rows = words_ + kPlanStatusWords;
+  COMET_CUDA_CHECK(cudaMemcpyAsync(words_, plan.status, sizeof(int32_t) * kPlanStatusWords, cudaMemcpyDeviceToHost, stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(rows, plan.expert_rows, sizeof(int32_t) * local_experts, cudaMemcpyDeviceToHost, stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(rows + local_experts, plan.expert_offset, sizeof(int32_t) * (local_experts + 1),
+                                   cudaMemcpyDeviceToHost, stream));
+  COMET_CUDA_CHECK(cudaEventRecord(ready_, stream));
+  pending_ = true;
+}
+
+bool HostPlanCounts::wait(int rows_cap, ExpertRows& out) const {
+  if (!pending_) return false;
+  COMET_CUDA_CHECK(cudaEventSynchronize(ready_));
+  if (words_[0] != 0) return false;  // the plan recorded bad routing: the device-shaped path reports it
+  const int el = local_experts_;
+  const int32_t* rows = words_ + kPlanStatusWords;
+  const int32_t* offset = rows + el;
+  out.rows.assign(rows, rows + el);
+  out.offset.assign(offset, offset + el + 1);
+  for (int e = 0; e < el; ++e)
+    if (rows[e] < 0 || offset[e] < 0 || offset[e] + rows[e] > offset[e + 1] || offset[e + 1] > rows_cap) return false;
+  return true;
+}
+
+// ---- CublasExpertGemms ----------------------------------------------------------------------------------
+
+CublasExpertGemms::CublasExpertGemms() { api(); }
+
+CublasExpertGemms::~CublasExpertGemms() {
+  for (auto& [stream, h] : handles_) api().destroy(static_cast<cublasHandle_t>(h));
+}
+
+void* CublasExpertGemms::handle_for(cudaStream_t stream) {
+  for (auto& [s, h] : handles_)
+    if (s == stream) return h;
+  cublasHandle_t h = nullptr;
+  check(api().create(&h), "cublasCreate");
+  check(api().set_stream(h, stream), "cublasSetStream");
+  handles_.emplace_back(stream, h);
+  return h;
+}
+
+// cuBLAS is column-major: a row-major [r][c] matrix is a column-major c x r one. So out_e [rows][n] =
+// a_e [rows][k] w_e [k][n] is out^T (n x rows) = w_e^T (n x k, w_e as stored, OP_N, ld n) a_e^T (k x rows,
+// OP_N, ld k).
+void CublasExpertGemms::data_gemm(cudaStream_t stream, const ExpertRows& e, const void* a, int k, const void* w, int n,
+                                  void* out) {
+  auto h = static_cast<cublasHandle_t>(handle_for(stream));
+  const float one = 1.f, zero = 0.f;
+  for (size_t x = 0; x < e.rows.size(); ++x) {
+    if (e.rows[x] == 0) continue;
+    const auto* a_e = static_cast<const uint16_t*>(a) + size_t(e.offset[x]) * k;
+    const auto* w_e = static_cast<const uint16_t*>(w) + x * size_t(k) * n;
+    auto* out_e = static_cast<uint16_t*>(out) + size_t(e.offset[x]) * n;
+    check(api().gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, n, e.rows[x], k, &one, w_e, CUDA_R_16BF, n, a_e, CUDA_R_16BF, k,
+                        &zero, out_e, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (expert GEMM)");
+  }
+}
+
+// dw_e [p_cols][q_cols] = p_e^T q_e is, column-major, dw^T (q_cols x p_cols) = q_e^T (q_cols x rows, OP_N,
+// ld q_cols) p_e (rows x p_cols: p_e^T stored column-major p_cols x rows, OP_T, ld p_cols).
+void CublasExpertGemms::weight_grads(cudaStream_t stream, const ExpertRows& e, const void* p, int p_cols, const void* q,
+                                     int q_cols, void* dw, bool f32, bool accumulate) {
+  auto h = static_cast<cublasHandle_t>(handle_for(stream));
+  const float one = 1.f, beta = accumulate ? 1.f : 0.f;
+  const size_t elem = f32 ? 4 : 2, block = size_t(p_cols) * q_cols;
+  for (size_t x = 0; x < e.rows.size(); ++x) {
+    void* dw_e = static_cast<char*>(dw) + x * block * elem;
+    if (e.rows[x] == 0) {
+      if (!accumulate) COMET_CUDA_CHECK(cudaMemsetAsync(dw_e, 0, block * elem, stream));
+      continue;
+    }
+    const auto* p_e = static_cast<const uint16_t*>(p) + size_t(e.offset[x]) * p_cols;
+    const auto* q_e = static_cast<const uint16_t*>(q) + size_t(e.offset[x]) * q_cols;
+    check(api().gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_T, q_cols, p_cols, e.rows[x], &one, q_e, CUDA_R_16BF, q_cols, p_e,
+                        CUDA_R_16BF, p_cols, &beta, dw_e, f32 ? CUDA_R_32F : CUDA_R_16BF, q_cols, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT),
+          "cublasGemmEx (weight gradient)");
+  }
+}
+
+}  // namespace comet

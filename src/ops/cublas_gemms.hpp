@@ -1,0 +1,72 @@
+// The backward's standalone expert GEMMs through cuBLAS (MoeOptions::cublas_backward). Where the backward
+// runs a GEMM with no comm blocks beside it (the sequential schedule of launches 2 and 3, and the two
+// weight gradients), nothing is left to overlap and the fastest GEMM wins; on one large expert per rank
+// that is cuBLAS (Mixtral-8x7B EP 8: 0.313 ms against CUTLASS's best 0.374, H100). cuBLAS needs each
+// expert's rows on the host, which the device plan keeps on the device: a training forward copies them
+// to pinned memory right after it builds the plan (no wait), and the backward waits for that copy,
+// long done by then (the rest of the forward ran since). cuBLAS is loaded on first use (dlopen of
+// libcublas.so.13: $COMET_CUBLAS_LIB, else the soname, which torch has loaded in a Python process), so
+// the library keeps no link dependency on it. Internal (moe_engine.cpp, moe_backward.cpp).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "comet/plan.hpp"
+
+namespace comet {
+
+// Each local expert's rows and first row in a rank's gathered buffer, as the host knows them.
+struct ExpertRows {
+  std::vector<int> rows;    // [E_l]
+  std::vector<int> offset;  // [E_l + 1]
+};
+
+// The plan's status words and per-expert rows / offsets, copied to pinned host memory after a build.
+class HostPlanCounts {
+ public:
+  HostPlanCounts() = default;
+  ~HostPlanCounts();
+  HostPlanCounts(const HostPlanCounts&) = delete;
+  HostPlanCounts& operator=(const HostPlanCounts&) = delete;
+
+  // Enqueues the copy of `plan`'s words on `stream`; none while the stream captures a graph (a capture
+  // may not wait on the host, so the backward then runs the device-shaped kernels).
+  void read_async(const PlanView& plan, int local_experts, cudaStream_t stream);
+  // Waits for the last copy. False where none was enqueued, the plan recorded an error or the counts do
+  // not fit `rows_cap` rows: the device-shaped kernels then run (and the error is reported as usual).
+  bool wait(int rows_cap, ExpertRows& out) const;
+
+ private:
+  int32_t* words_ = nullptr;  // [kPlanStatusWords + 2 E_l + 1] pinned
+  int local_experts_ = 0;
+  cudaEvent_t ready_ = nullptr;
+  bool pending_ = false;
+};
+
+// cuBLAS handles (one per stream the GEMMs run on: a handle's workspace is not shared between streams)
+// and the two kinds of expert GEMM the backward has, bf16 operands with fp32 accumulation.
+class CublasExpertGemms {
+ public:
+  CublasExpertGemms();  // loads cuBLAS; throws InvalidArgument with the reason where it cannot
+  ~CublasExpertGemms();
+  CublasExpertGemms(const CublasExpertGemms&) = delete;
+  CublasExpertGemms& operator=(const CublasExpertGemms&) = delete;
+
+  // out_e [rows_e][n] = a_e [rows_e][k] w_e, w = [E_l][k][n] (the backward's D = G W1_e and dA = dPre
+  // W0_e), all row-major bf16; rows outside the experts' are not written.
+  void data_gemm(cudaStream_t stream, const ExpertRows& e, const void* a, int k, const void* w, int n, void* out);
+  // dw_e [p_cols][q_cols] = p_e^T q_e over the expert's rows (+= with `accumulate`), p [rows][p_cols] and
+  // q [rows][q_cols] bf16, dw fp32 or bf16; an expert with no rows gets zeros unless accumulating.
+  void weight_grads(cudaStream_t stream, const ExpertRows& e, const void* p, int p_cols, const void* q, int q_cols,
+                    void* dw, bool f32, bool accumulate);
+
+ private:
+  void* handle_for(cudaStream_t stream);
+  std::vector<std::pair<cudaStream_t, void*>> handles_;  // cublasHandle_t per stream
+};
+
+}  // namespace comet

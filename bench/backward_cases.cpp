@@ -85,7 +85,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
                     moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
                     "+wgrad:" + to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, fs)) + "/" +
                     to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, H)) +
-                    (o_.cublas_backward ? "+cublas" : "");
+                    (moe.cublas_backward(0) ? "+cublas" : "");
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {

@@ -51,7 +51,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --no-narrow-n-tiles      comet's planner keeps its CUTLASS picks' own tiles where N is narrow
                            (MoeOptions::narrow_n_tiles off: no 128 x 320 substitution), for an A/B run
   --cublas-backward        comet's backward runs its standalone GEMMs (the sequential schedule's) and its
-                           weight gradients with cuBLAS (MoeOptions::cublas_backward), for an A/B run
+                           weight gradients with cuBLAS (MoeOptions::cublas_backward true), for an A/B run;
+  --no-cublas-backward     with comet's kernels (false); default: the planner's rule (<= 2 local experts)
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
@@ -215,6 +216,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.narrow_n_tiles = false;
     } else if (a == "--cublas-backward") {
       o.cublas_backward = true;
+    } else if (a == "--no-cublas-backward") {
+      o.cublas_backward = false;
     } else if (a == "--no-adaptive") {
       o.adaptive = false;
     } else if (a == "--fused-activation-grad") {

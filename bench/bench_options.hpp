@@ -24,7 +24,7 @@ struct BenchOptions {
   bool one_launch_ab = false;  // --paired: also the tuned layer 1 / forward with LayerRequest::one_launch flipped
   WeightGradKernel wgrad_kernel = WeightGradKernel::automatic;  // BackwardOptions::weight_grad_kernel of comet's backward
   bool narrow_n_tiles = true;  // MoeOptions::narrow_n_tiles (--no-narrow-n-tiles: off, for A/B runs)
-  bool cublas_backward = false;  // MoeOptions::cublas_backward (--cublas-backward: on, for A/B runs)
+  std::optional<bool> cublas_backward;  // MoeOptions::cublas_backward (--cublas-backward / --no-...: A/B runs)
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
   int tile_n = 256;
   int m_group = 0;  // --m-group: forced launches' M-tile group (0: the planner's rule)

@@ -638,12 +638,12 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
     // valid hidden rows are still in place from the sweeps' last runs; their values do not matter.
     // Layer 1's GEMM is the one its tuned launch runs alone (the table's standalone GEMM where it picked
     // the sequential schedule, else ours).
-    LayerRequest gemm1 = variant(tn, 0);
-    gemm1.standalone_gemm = moe.decision(1, 0, LayerMode::fused, tuned(tuned_tn)).standalone_gemm;
     if (L0)
       retime_gemm_pair(out, case_begin, "l0", {nullptr, [&] { moe.layer0(0, LayerMode::gemm_only, variant(tn, 0)); }},
                        {nullptr, [&] { seq.gemm0(0); }}, flops0, case_rows);
-    if (L1) {
+    if (L1) {  // (not with --tile-n 320: layer 0's alone)
+      LayerRequest gemm1 = variant(tn, 0);
+      gemm1.standalone_gemm = moe.decision(1, 0, LayerMode::fused, tuned(tuned_tn)).standalone_gemm;
       retime_gemm_pair(out, case_begin, "l1", {nullptr, [&] { moe.layer1(0, LayerMode::gemm_only, gemm1); }},
                        {nullptr, [&] { seq.gemm1(0); }}, flops1, case_rows);
       if (Record* g = find_record(out, case_begin, "l1", [](const Record& r) { return r.system == "comet" && r.mode == "gemm_only"; }))

@@ -73,9 +73,11 @@ struct MoeOptions {
   // without waiting; the backward waits for that copy). Nothing is overlapped there, so the fastest GEMM
   // wins; cuBLAS leads CUTLASS's best by up to 16 % on one large expert per rank (Mixtral EP 8). Other
   // bits than the device-shaped kernels' (still the same every run), and not under CUDA-graph capture
-  // (where it falls back to them). Off by default (docs/design-changes.md, "cuBLAS for the backward's
-  // standalone GEMMs").
-  bool cublas_backward = false;
+  // (where it falls back to them). Empty (default): the planner's rule, on where a rank has at most 2
+  // local experts (LaunchPlanner::cublas_backward; without a loadable cuBLAS the rule's pick is off);
+  // true / false: asked (true refuses a process without cuBLAS). docs/design-changes.md, "cuBLAS for the
+  // backward's standalone GEMMs".
+  std::optional<bool> cublas_backward;
   bool checking = false;  // synchronise and raise device-reported errors after every call
   // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),

@@ -92,7 +92,8 @@ class MoELayer(nn.Module):
     planner's rule by shape), "persistent", "grouped", "grouped_cooperative" or "grouped_320"; all give the same bits.
     narrow_n_tiles=False: keep "auto"'s picks off the 128 x 320 tiles it takes where F / tp is 320 or 800
     (comet.FusedMoE; the same bits, for A/B runs).
-    cublas_backward=True: the backward's GEMMs with no comm beside them run cuBLAS (comet.FusedMoE).
+    cublas_backward: whether the backward's GEMMs with no comm beside them run cuBLAS (comet.FusedMoE; None,
+    the default: where a rank has at most 2 local experts).
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
     bf16: comet.FusedMoE).
     w0 and w1 carry Megatron's expert marker, ``allreduce`` (False under EP: their gradients are reduced over
@@ -125,7 +126,7 @@ class MoELayer(nn.Module):
                  training: Optional[bool] = None, fused_activation_grad: bool = False,
                  weight_grad_kernel: str = "auto", transport: str = "peer",
                  gradient_accumulation_fusion: bool = False, narrow_n_tiles: bool = True,
-                 cublas_backward: bool = False):
+                 cublas_backward: Optional[bool] = None):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "

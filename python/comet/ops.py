@@ -189,11 +189,12 @@ class FusedMoE:
     narrow_n_tiles (default True; MoeOptions::narrow_n_tiles): where N is narrow (F / tp = 320 or 800),
       "auto" runs the backward's CUTLASS picks (standalone GEMMs and weight gradients) on 128 x 320 tiles,
       the same bits; False keeps the table's and the rule's picks as they are (A/B runs).
-    cublas_backward (default False; MoeOptions::cublas_backward): the backward's GEMMs that have no comm
-      beside them (its data GEMMs in the sequential schedule, and the weight gradients under "auto") run
-      cuBLAS, one call per expert with its exact rows, which a training forward copies to the host
-      without waiting (the backward waits for that copy). Other bits than comet's kernels (the same every
-      run); not under CUDA-graph capture, where the backward keeps comet's kernels.
+    cublas_backward (MoeOptions::cublas_backward): the backward's GEMMs that have no comm beside them
+      (its data GEMMs in the sequential schedule, and the weight gradients under "auto") run cuBLAS, one
+      call per expert with its exact rows, which a training forward copies to the host without waiting
+      (the backward waits for that copy). None (default): where a rank has at most 2 local experts (the
+      planner's rule: faster there, slower with many small experts); True / False: asked. Other bits
+      than comet's kernels (the same every run); not under CUDA-graph capture (comet's kernels then).
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16
@@ -212,15 +213,16 @@ class FusedMoE:
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
                  dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "auto",
                  transport: str = "peer", gradient_accumulation_fusion: bool = False, narrow_n_tiles: bool = True,
-                 cublas_backward: bool = False):
+                 cublas_backward: Optional[bool] = None):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         if weight_grad_kernel not in _WEIGHT_GRAD_KERNELS:
             raise ValueError(f"comet.FusedMoE: weight_grad_kernel must be one of {_WEIGHT_GRAD_KERNELS}, got "
                              f"{weight_grad_kernel!r}")
-        for name, flag in (("narrow_n_tiles", narrow_n_tiles), ("cublas_backward", cublas_backward)):
-            if not isinstance(flag, bool):
-                raise TypeError(f"comet.FusedMoE: {name} must be a bool, got {flag!r}")
+        if not isinstance(narrow_n_tiles, bool):
+            raise TypeError(f"comet.FusedMoE: narrow_n_tiles must be a bool, got {narrow_n_tiles!r}")
+        if cublas_backward is not None and not isinstance(cublas_backward, bool):
+            raise TypeError(f"comet.FusedMoE: cublas_backward must be None or a bool, got {cublas_backward!r}")
         native_dtype = _DTYPES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
         if native_dtype is None:
             raise ValueError(f"comet.FusedMoE: dtype must be 'bf16' or 'e4m3' (torch.bfloat16 or torch.float8_e4m3fn: "

@@ -334,6 +334,7 @@ void MoeEngine::backward_on(const std::vector<RankGrad>& grads, cudaStream_t str
 void* MoeEngine::pre_activation(int rank) const { return compute_state(rank).pre; }
 void* MoeEngine::grad_gathered(int rank) const { return compute_state(rank).grad_rows; }
 float* MoeEngine::gate_partials(int rank) const { return compute_state(rank).gate_partials; }
+bool MoeEngine::cublas_backward(int rank) const { return compute_state(rank).cublas != nullptr; }
 
 void FusedMoe::backward(const RankGrad& grad, cudaStream_t stream, const BackwardOptions& options) {
   COMET_REQUIRE(engine_->team().local_ranks().size() == 1, "FusedMoe::backward(grad, stream): this process drives ",

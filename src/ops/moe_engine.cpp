@@ -206,7 +206,14 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       COMET_CUDA_CHECK(cudaStreamCreateWithPriority(&s->side, cudaStreamNonBlocking, least));
       COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->side_fork, cudaEventDisableTiming));
       COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->side_join, cudaEventDisableTiming));
-      if (options_.cublas_backward) s->cublas = std::make_unique<CublasExpertGemms>();  // loads cuBLAS now
+      if (options_.cublas_backward.value_or(false)) {
+        s->cublas = std::make_unique<CublasExpertGemms>();  // asked for: loads cuBLAS now, or refuses
+      } else if (planner_.cublas_backward(options_.cublas_backward)) {
+        try {
+          s->cublas = std::make_unique<CublasExpertGemms>();
+        } catch (const InvalidArgument&) {  // the rule's pick, and no cuBLAS here: comet's kernels
+        }
+      }
       s->pre = alloc(*s, size_t(rows) * w0_shard_rows() * 2);
       s->grad_rows = alloc(*s, size_t(rows) * row_bytes);
       s->gate_partials = static_cast<float*>(alloc(*s, size_t(rows) * gate_blocks() * sizeof(float)));

@@ -140,6 +140,8 @@ class MoeEngine {
   void* pre_activation(int rank) const;
   void* grad_gathered(int rank) const;
   float* gate_partials(int rank) const;
+  // Whether this rank's backward runs its standalone GEMMs with cuBLAS (MoeOptions::cublas_backward).
+  bool cublas_backward(int rank) const;
   int gate_blocks() const;
 
  private:

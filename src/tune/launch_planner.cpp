@@ -220,6 +220,16 @@ AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchD
 // gradients' time and 3.4 % of the backward's (Qwen2 TP 8 at 16384 tokens: ours 2.63 against the
 // cooperative kernel's 2.37 ms; bench/results/h100_gemm_order_b5052c0/bwd_shipped.json). The GEMM has no
 // comm, so an entry of either link serves.
+// cuBLAS for the backward's GEMMs that have no comm beside them (MoeOptions::cublas_backward): one
+// cublasGemmEx per expert pays where a rank has few, large experts, and loses to one grouped launch where
+// it has many. On the H100 (2026-12-07, device link, 29 backward cases, on against off in one call,
+// bench/results/h100_cublas_backward_6ecc67c/): 1 local expert (Mixtral EP 8) 0.94-0.96 of the time,
+// 2 (Phi-3.5 EP 8) 0.88-0.98; 7-8 (Qwen2 / Qwen2-57B EP 8, Mixtral TP 8) 0.97-1.23, 16-256 (TP 8) up to
+// 2.7x slower. So on where a rank has at most 2 local experts.
+bool LaunchPlanner::cublas_backward(std::optional<bool> requested) const {
+  return requested.value_or(par_.local_experts(shape_) <= 2);
+}
+
 WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested, int n) const {
   if (requested != WeightGradKernel::automatic) return requested;
   // A cooperative pick (either tile) runs 320-wide tiles on a narrow N, 256-wide ones elsewhere

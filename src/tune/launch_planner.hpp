@@ -64,6 +64,9 @@ class LaunchPlanner {
   // the rule in launch_planner.cpp (from expected rows per local expert, the shard's F and H).
   // n: the GEMM's N (dW1: F / tp, dW0: H), where it decides the tile (0: unknown).
   WeightGradKernel weight_grad_kernel(int tokens, WeightGradKernel requested, int n = 0) const;
+  // Whether the backward's standalone GEMMs and weight gradients run cuBLAS (MoeOptions::cublas_backward):
+  // the request, else the rule (launch_planner.cpp).
+  bool cublas_backward(std::optional<bool> requested) const;
 
   // The tuner's key of a launch (load: the batch's load class, 1 for the host's own picks).
   TuneKey key(int layer, int tokens, int load = 1) const;

@@ -362,6 +362,22 @@ TEST(LaunchPlanner, WeightGradKernelByShape) {
 
 // A measured weight-gradient pick (the table's kWeightGradLaunch key, of either link) comes before the rule;
 // a request before both; a key of other tokens or another shape says nothing.
+// MoeOptions::cublas_backward: the request, else cuBLAS where a rank has at most 2 local experts.
+TEST(LaunchPlanner, CublasBackwardRule) {
+  const MoeShape phi35{4096, 6400, 16, 2, Activation::swiglu};
+  const Parallel ep8{8, 1}, tp8{1, 8}, ep4tp2{4, 2};
+  auto rule = [](const MoeShape& s, Parallel par, std::optional<bool> asked = std::nullopt) {
+    return LaunchPlanner(s, par, Link::device, h200_like(), {}).cublas_backward(asked);
+  };
+  EXPECT_TRUE(rule(kMixtral, ep8));    // 1 local expert
+  EXPECT_TRUE(rule(phi35, ep8));       // 2
+  EXPECT_TRUE(rule(kMixtral, ep4tp2)); // 2
+  EXPECT_FALSE(rule(phi35, ep4tp2));   // 4
+  EXPECT_FALSE(rule(kMixtral, tp8));   // 8
+  EXPECT_FALSE(rule(kMixtral, ep8, false));
+  EXPECT_TRUE(rule(kMixtral, tp8, true));
+}
+
 TEST(LaunchPlanner, WeightGradKernelFromTheTable) {
   using K = WeightGradKernel;
   const Parallel ep8{8, 1};

@@ -332,7 +332,7 @@ def test_fused_moe_refuses_an_unknown_weight_grad_kernel():
 def test_fused_moe_refuses_a_non_bool_narrow_n_tiles():
     with pytest.raises(TypeError, match="narrow_n_tiles must be a bool"):
         comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, narrow_n_tiles="off")
-    with pytest.raises(TypeError, match="cublas_backward must be a bool"):
+    with pytest.raises(TypeError, match="cublas_backward must be None or a bool"):
         comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, cublas_backward=1)
 
 

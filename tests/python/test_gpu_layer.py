@@ -16,6 +16,9 @@ pytestmark = pytest.mark.skipif(not comet.cuda_ready(), reason="no CUDA GPU (sm_
 
 
 def layer_for(p, link="device", **kw):
+    # The tests compare comet's kernels with each other bit for bit: cuBLAS's backward GEMMs (the
+    # default's pick with <= 2 local experts) only where a test asks (test_cublas_backward_*).
+    kw.setdefault("cublas_backward", False)
     team = comet.Team.local(p.world, link, ep=p.ep, tp=p.tp)
     assert team.maps_peers  # one process reaches every virtual rank's buffers
     team.set_timeout(5.0)  # a stalled flag fails the test in seconds
@@ -304,7 +307,7 @@ def test_cublas_backward_matches_plain_pytorch_autograd(name, kw, link):
     seed = zlib.crc32(name.encode()) % 1000
     p = make_problem(seed=seed, **kw)
     layer = layer_for(p, link, cublas_backward=True, n_comm=(0, 0))
-    assert layer.engine.cublas_backward
+    assert layer.engine.cublas_backward is True
     dout = random_douts(p, seed + 1)
     got, want = comet_grads(p, layer, dout), reference_grads(p, dout)
     again = comet_grads(p, layer, dout)
@@ -315,6 +318,20 @@ def test_cublas_backward_matches_plain_pytorch_autograd(name, kw, link):
     for r in range(p.world):
         assert_grad_matches(got.dx[r], want.dx[r], f"{name} dx rank {r}")
         assert torch.equal(again.dx[r], got.dx[r]), f"{name} dx rank {r} repeat"
+
+
+def test_cublas_backward_default_on_few_local_experts():
+    """The default (cublas_backward None) on a layout with one local expert per rank (the planner's rule
+    takes cuBLAS there), tuned schedule: the plain MoE's gradients."""
+    p = make_problem(seed=71, experts=4, ep=4, tokens=(90, 200, 0, 129))
+    layer = layer_for(p, "device", cublas_backward=None)
+    dout = random_douts(p, 72)
+    got, want = comet_grads(p, layer, dout), reference_grads(p, dout)
+    layer.engine.synchronize()
+    assert_grad_matches(got.gate_up, want.gate_up, "dW0")
+    assert_grad_matches(got.down, want.down, "dW1")
+    for r in range(p.world):
+        assert_grad_matches(got.dx[r], want.dx[r], f"dx rank {r}")
 
 
 # ---- gradient_accumulation_fusion (Megatron's main_grad) ----------------------------------------------------

@@ -1,20 +1,18 @@
 #include "ops/cublas_gemms.hpp"
 
 #include <cublas_v2.h>
-#include <dlfcn.h>
 
 #include <cstdlib>
 #include <string>
 
 #include "comet/cuda_check.hpp"
+#include "util/shared_library.hpp"
 
 namespace comet {
 namespace {
 
 // The cuBLAS entry points the backward uses, resolved once from the loaded library.
-struct CublasApi {
-  void* lib = nullptr;
-  std::string error;
+struct CublasApi : LoadedLibrary {
   cublasStatus_t (*create)(cublasHandle_t*) = nullptr;
   cublasStatus_t (*destroy)(cublasHandle_t) = nullptr;
   cublasStatus_t (*set_stream)(cublasHandle_t, cudaStream_t) = nullptr;
@@ -23,41 +21,30 @@ struct CublasApi {
                             cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t) = nullptr;
 };
 
-template <class F>
-bool resolve(CublasApi& a, F& fn, const char* name) {
-  fn = reinterpret_cast<F>(dlsym(a.lib, name));
-  if (!fn) a.error = std::string("symbol ") + name + " missing";
-  return fn != nullptr;
-}
-
 CublasApi load() {
   CublasApi a;
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("COMET_CUBLAS_LIB")) candidates.push_back(env);
   candidates.push_back("libcublas.so.13");
   candidates.push_back("/usr/local/cuda/lib64/libcublas.so.13");
-  for (const std::string& c : candidates) {
-    a.lib = dlopen(c.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (a.lib) break;
-    a.error += (a.error.empty() ? "" : "; ") + std::string(dlerror());
-  }
-  if (!a.lib) return a;
-  a.error.clear();
-  if (!(resolve(a, a.create, "cublasCreate_v2") && resolve(a, a.destroy, "cublasDestroy_v2") &&
-        resolve(a, a.set_stream, "cublasSetStream_v2") && resolve(a, a.gemm_ex, "cublasGemmEx")))
-    a.lib = nullptr;  // left loaded: cheaper than reasoning about a half-resolved library
+  static_cast<LoadedLibrary&>(a) = load_first(candidates);
+  if (!a.handle) return a;
+  if (!(resolve_symbol(a, a.create, "cublasCreate_v2") && resolve_symbol(a, a.destroy, "cublasDestroy_v2") &&
+        resolve_symbol(a, a.set_stream, "cublasSetStream_v2") && resolve_symbol(a, a.gemm_ex, "cublasGemmEx")))
+    a.handle = nullptr;  // left loaded: cheaper than reasoning about a half-resolved library
   return a;
 }
 
 const CublasApi& api() {
   static const CublasApi a = load();
-  COMET_REQUIRE(a.lib, "MoeOptions::cublas_backward: cuBLAS could not be loaded (", a.error,
+  COMET_REQUIRE(a.handle, "MoeOptions::cublas_backward: cuBLAS could not be loaded (", a.error,
                 "); set COMET_CUBLAS_LIB to libcublas.so.13");
   return a;
 }
 
 void check(cublasStatus_t s, const char* what) {
-  COMET_REQUIRE(s == CUBLAS_STATUS_SUCCESS, "MoeOptions::cublas_backward: ", what, " failed (cuBLAS status ", int(s), ")");
+  COMET_REQUIRE(s == CUBLAS_STATUS_SUCCESS, "MoeOptions::cublas_backward: ", what, " failed (cuBLAS status ", int(s),
+                ")");
 }
 
 }  // namespace
@@ -83,10 +70,11 @@ void HostPlanCounts::read_async(const PlanView& plan, int local_experts, cudaStr
   }
   if (!ready_) COMET_CUDA_CHECK(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
   int32_t* rows = words_ + kPlanStatusWords;
-  COMET_CUDA_CHECK(cudaMemcpyAsync(words_, plan.status, sizeof(int32_t) * kPlanStatusWords, cudaMemcpyDeviceToHost, stream));
-  COMET_CUDA_CHECK(cudaMemcpyAsync(rows, plan.expert_rows, sizeof(int32_t) * local_experts, cudaMemcpyDeviceToHost, stream));
+  const auto d2h = cudaMemcpyDeviceToHost;
+  COMET_CUDA_CHECK(cudaMemcpyAsync(words_, plan.status, sizeof(int32_t) * kPlanStatusWords, d2h, stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(rows, plan.expert_rows, sizeof(int32_t) * local_experts, d2h, stream));
   COMET_CUDA_CHECK(cudaMemcpyAsync(rows + local_experts, plan.expert_offset, sizeof(int32_t) * (local_experts + 1),
-                                   cudaMemcpyDeviceToHost, stream));
+                                   d2h, stream));
   COMET_CUDA_CHECK(cudaEventRecord(ready_, stream));
   pending_ = true;
 }

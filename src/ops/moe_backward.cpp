@@ -122,7 +122,8 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   run_schedule(l, d, /*pull=*/true, par_.world(), launch, [&](const auto& x) {
     // The fused activation backward lives in our kernel's epilogue; a plain D = G W1_e may be CUTLASS's.
     if (l.fused_activation) return launch(x);
-    if (s.cublas_rows) return s.cublas->data_gemm(s.stream, *s.cublas_rows, s.grad_rows, shape_.hidden, l.w1, l.ffn_shard, l.d);
+    if (s.cublas_rows)
+      return s.cublas->data_gemm(s.stream, *s.cublas_rows, s.grad_rows, shape_.hidden, l.w1, l.ffn_shard, l.d);
     if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
     grouped_expert_gemm(s, d.standalone_gemm, s.grad_rows, shape_.hidden, l.w1, /*w_kn=*/true, l.ffn_shard, l.d);
   });

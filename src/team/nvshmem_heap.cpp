@@ -3,6 +3,7 @@
 
 #include "comet/common.hpp"
 #include "comet/cuda_check.hpp"
+#include "util/shared_library.hpp"
 
 #if COMET_HAVE_NVSHMEM
 #include <cuda.h>
@@ -27,10 +28,7 @@ namespace comet::team_detail {
 namespace {
 
 // The host-library calls comet makes, resolved from the loaded library.
-struct Api {
-  void* handle = nullptr;
-  std::string path;   // the library that was loaded
-  std::string error;  // why none was
+struct Api : LoadedLibrary {
   int (*get_uniqueid)(nvshmemx_uniqueid_t*) = nullptr;
   int (*set_uniqueid_args)(int, int, const nvshmemx_uniqueid_t*, nvshmemx_init_attr_t*) = nullptr;
   int (*hostlib_init_attr)(unsigned int, nvshmemx_init_attr_t*) = nullptr;
@@ -44,37 +42,23 @@ struct Api {
   int (*buffer_unregister)(void*) = nullptr;
 };
 
-template <class F>
-bool resolve(Api& a, F& fn, const char* name) {
-  fn = reinterpret_cast<F>(dlsym(a.handle, name));
-  if (!fn) a.error = std::string("symbol ") + name + " missing in " + a.path;
-  return fn != nullptr;
-}
-
 Api load() {
   Api a;
   std::vector<std::string> candidates;
   if (const char* env = std::getenv("COMET_NVSHMEM_LIB")) candidates.push_back(env);
   candidates.push_back("libnvshmem_host.so.3");
   candidates.push_back(std::string(COMET_NVSHMEM_LIBDIR) + "/libnvshmem_host.so.3");
-  for (const std::string& c : candidates) {
-    a.handle = dlopen(c.c_str(), RTLD_NOW | RTLD_GLOBAL);
-    if (a.handle) {
-      a.path = c;
-      break;
-    }
-    a.error += (a.error.empty() ? "" : "; ") + std::string(dlerror());
-  }
+  static_cast<LoadedLibrary&>(a) = load_first(candidates);
   if (!a.handle) return a;
-  a.error.clear();
-  const bool ok = resolve(a, a.get_uniqueid, "nvshmemx_get_uniqueid") &&
-                  resolve(a, a.set_uniqueid_args, "nvshmemx_set_attr_uniqueid_args") &&
-                  resolve(a, a.hostlib_init_attr, "nvshmemx_hostlib_init_attr") &&
-                  resolve(a, a.hostlib_finalize, "nvshmemx_hostlib_finalize") && resolve(a, a.my_pe, "nvshmem_my_pe") &&
-                  resolve(a, a.n_pes, "nvshmem_n_pes") && resolve(a, a.malloc, "nvshmem_malloc") &&
-                  resolve(a, a.ptr, "nvshmem_ptr") && resolve(a, a.free, "nvshmem_free") &&
-                  resolve(a, a.buffer_register, "nvshmemx_buffer_register") &&
-                  resolve(a, a.buffer_unregister, "nvshmemx_buffer_unregister");
+  const bool ok = resolve_symbol(a, a.get_uniqueid, "nvshmemx_get_uniqueid") &&
+                  resolve_symbol(a, a.set_uniqueid_args, "nvshmemx_set_attr_uniqueid_args") &&
+                  resolve_symbol(a, a.hostlib_init_attr, "nvshmemx_hostlib_init_attr") &&
+                  resolve_symbol(a, a.hostlib_finalize, "nvshmemx_hostlib_finalize") &&
+                  resolve_symbol(a, a.my_pe, "nvshmem_my_pe") &&
+                  resolve_symbol(a, a.n_pes, "nvshmem_n_pes") && resolve_symbol(a, a.malloc, "nvshmem_malloc") &&
+                  resolve_symbol(a, a.ptr, "nvshmem_ptr") && resolve_symbol(a, a.free, "nvshmem_free") &&
+                  resolve_symbol(a, a.buffer_register, "nvshmemx_buffer_register") &&
+                  resolve_symbol(a, a.buffer_unregister, "nvshmemx_buffer_unregister");
   if (!ok) {
     dlclose(a.handle);
     a.handle = nullptr;

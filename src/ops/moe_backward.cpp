@@ -187,6 +187,10 @@ void MoeEngine::grad_weights0_on(RankState& s, const RankGrad& g, const Backward
 
 void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const void* q, int q_cols, void* out,
                             const BackwardOptions& o, int launch, cudaStream_t stream) const {
+  // MoeOptions::cublas_backward: cuBLAS per expert, where the caller left the kernel to the planner.
+  if (s.cublas_rows && o.weight_grad_kernel == WeightGradKernel::automatic)
+    return s.cublas->weight_grads(stream, *s.cublas_rows, p, p_cols, q, q_cols, out, o.grad_type == GradType::f32,
+                                  o.accumulate);
   const PlanView plan = s.plan.view();
   kernels::WeightGradLaunch l;
   l.p = p;
@@ -201,8 +205,6 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
   l.out_f32 = o.grad_type == GradType::f32;
   l.accumulate = o.accumulate;
   l.kernel = planner_.weight_grad_kernel(s.tokens, o.weight_grad_kernel, q_cols);
-  if (s.cublas_rows && o.weight_grad_kernel == WeightGradKernel::automatic)
-    return s.cublas->weight_grads(stream, *s.cublas_rows, p, p_cols, q, q_cols, out, l.out_f32, l.accumulate);
   if (l.kernel != WeightGradKernel::persistent) {  // launch 0 (dW1) and 1 (dW0): a workspace each (they may overlap)
     l.workspace_bytes = s.wgrad_workspace_bytes;
     l.workspace = static_cast<char*>(s.wgrad_workspace) + size_t(launch) * l.workspace_bytes;

@@ -52,7 +52,7 @@ void ChunkedMoe::setup(int rank) {
   s.ready = false;
   const int W = moe_.parallel().world(), el = moe_.parallel().local_experts(moe_.shape());
   const baselines::ChunkInputs in =
-      s.reader.read_chunk_inputs(moe_.plan(rank).view(), W, moe_.shape().num_experts, s.comm);
+      baselines::read_chunk_inputs(moe_.plan(rank).view(), W, el, moe_.shape().num_experts, s.comm);
   s.stages = plan_chunk_stages(rank, W, el, options_.chunks, in.segment_offset, in.segment_rows, in.unit_src);
   s.layers.ensure_scratch(moe_);
   while (int(s.problems0.size()) < s.n_stages()) {

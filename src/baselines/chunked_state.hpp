@@ -21,7 +21,6 @@ struct ChunkedMoe::RankState {
   cudaStream_t compute = nullptr;  // owned: cuBLAS GEMMs and the activation
   baselines::ExpertLayers layers;
   std::unique_ptr<baselines::CublasHandle> handle;
-  baselines::PlanReader reader;
   std::vector<ChunkStage> stages;
   std::vector<std::unique_ptr<GemmProblems>> problems0, problems1;  // per stage (grown on demand)
   std::vector<int> max_rows;                                        // per stage: most rows of one expert
@@ -38,7 +37,7 @@ struct ChunkedMoe::RankState {
   bool grad_ready = false;
 
   RankState(const MoeEngine& moe, int r)
-      : rank(r), comm(moe.team().stream(r)), reader(moe.parallel().local_experts(moe.shape())) {
+      : rank(r), comm(moe.team().stream(r)) {
     COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking));
     handle = std::make_unique<baselines::CublasHandle>(compute);
     const int w = moe.parallel().world();

@@ -1,7 +1,7 @@
-// What the baselines' host code reads back from a rank's device plan. Reading is a synchronisation of
-// the rank's stream: the sequential baseline does it every call (as Megatron reads tokens_per_expert),
-// the chunked one once per routing (setup). Both raise DeviceReportedError when the plan recorded bad
-// routing, so a baseline never runs GEMMs over an empty or partial layout.
+// What the chunked baseline's host code reads back from a rank's device plan, once per routing (setup):
+// a synchronisation of the rank's stream. It raises DeviceReportedError when the plan recorded bad
+// routing, so the baseline never runs GEMMs over an empty or partial layout. (The sequential baseline
+// reads per-expert rows only: HostPlanCounts::read, src/ops/host_plan_counts.hpp.)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -12,34 +12,14 @@
 
 namespace comet::baselines {
 
-// Per-expert rows and segment offsets of one rank's gathered buffer.
-struct ExpertCounts {
-  std::vector<int> rows;    // [E_l]
-  std::vector<int> offset;  // [E_l + 1]
-};
-
 // Everything the chunked pipeline lays its stages out from.
 struct ChunkInputs {
   std::vector<int> segment_offset, segment_rows;  // [E_l * W]
   std::vector<int> unit_src;                      // [num_units]
 };
 
-// Pinned host words for the per-call read (small, reused: callers read one plan at a time per reader).
-class PlanReader {
- public:
-  explicit PlanReader(int local_experts);
-  ~PlanReader();
-  PlanReader(const PlanReader&) = delete;
-  PlanReader& operator=(const PlanReader&) = delete;
-
-  // Status, expert_rows and expert_offset; synchronises `stream`.
-  ExpertCounts read_counts(const PlanView& plan, int num_experts, cudaStream_t stream);
-  // Status, segments and the source of every unit; synchronises `stream` (twice).
-  ChunkInputs read_chunk_inputs(const PlanView& plan, int world, int num_experts, cudaStream_t stream);
-
- private:
-  int local_experts_;
-  int32_t* words_ = nullptr;  // [kPlanStatusWords + 2 E_l + 1]
-};
+// Status, segments and the source of every unit; synchronises `stream` (twice). Raises
+// DeviceReportedError where the plan recorded bad routing.
+ChunkInputs read_chunk_inputs(const PlanView& plan, int world, int local_experts, int num_experts, cudaStream_t stream);
 
 }  // namespace comet::baselines

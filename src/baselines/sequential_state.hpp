@@ -9,7 +9,7 @@
 #include "baselines/baselines.hpp"
 #include "baselines/expert_layers.hpp"
 #include "baselines/fp8_expert_gemm.hpp"
-#include "baselines/plan_readback.hpp"
+#include "ops/host_plan_counts.hpp"
 
 namespace comet {
 
@@ -18,10 +18,10 @@ struct SequentialMoe::RankState {
   cudaStream_t stream;
   baselines::ExpertLayers layers;
   baselines::CublasHandle handle;
-  baselines::PlanReader reader;
+  HostPlanCounts host_counts;
   baselines::GemmProblems problems0, problems1;          // forward: GEMM0, GEMM1
   baselines::GemmProblems grad_problems1, grad_problems0;  // backward: D = G W1_e, dA = dPre W0_e
-  baselines::ExpertCounts counts;
+  ExpertRows counts;
   std::vector<baselines::RowBlock> blocks;  // one per local expert, from counts
   int max_rows = 0;
   // MoeOptions::dtype e4m3: W0's block scales and the cuBLASLt fp8 GEMM0 (made on first prepare).
@@ -34,7 +34,6 @@ struct SequentialMoe::RankState {
       : rank(r),
         stream(moe.team().stream(r)),
         handle(stream),
-        reader(moe.parallel().local_experts(moe.shape())),
         problems0(moe.parallel().local_experts(moe.shape())),
         problems1(moe.parallel().local_experts(moe.shape())),
         grad_problems1(moe.parallel().local_experts(moe.shape())),
@@ -43,7 +42,8 @@ struct SequentialMoe::RankState {
   // Reads the plan's per-expert row counts (synchronises the stream; raises DeviceReportedError for bad
   // routing) into counts, blocks and max_rows.
   void read_counts(const MoeEngine& moe) {
-    counts = reader.read_counts(moe.plan(rank).view(), moe.shape().num_experts, stream);
+    const int el = moe.parallel().local_experts(moe.shape());
+    counts = host_counts.read(moe.plan(rank).view(), el, moe.shape().num_experts, stream);
     blocks.clear();
     for (size_t e = 0; e < counts.rows.size(); ++e)
       blocks.push_back(baselines::RowBlock{int(e), counts.offset[e], counts.rows[e]});

@@ -11,41 +11,12 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdint>
 #include <utility>
 #include <vector>
 
-#include "comet/plan.hpp"
+#include "ops/host_plan_counts.hpp"
 
 namespace comet {
-
-// Each local expert's rows and first row in a rank's gathered buffer, as the host knows them.
-struct ExpertRows {
-  std::vector<int> rows;    // [E_l]
-  std::vector<int> offset;  // [E_l + 1]
-};
-
-// The plan's status words and per-expert rows / offsets, copied to pinned host memory after a build.
-class HostPlanCounts {
- public:
-  HostPlanCounts() = default;
-  ~HostPlanCounts();
-  HostPlanCounts(const HostPlanCounts&) = delete;
-  HostPlanCounts& operator=(const HostPlanCounts&) = delete;
-
-  // Enqueues the copy of `plan`'s words on `stream`; none while the stream captures a graph (a capture
-  // may not wait on the host, so the backward then runs the device-shaped kernels).
-  void read_async(const PlanView& plan, int local_experts, cudaStream_t stream);
-  // Waits for the last copy. False where none was enqueued, the plan recorded an error or the counts do
-  // not fit `rows_cap` rows: the device-shaped kernels then run (and the error is reported as usual).
-  bool wait(int rows_cap, ExpertRows& out) const;
-
- private:
-  int32_t* words_ = nullptr;  // [kPlanStatusWords + 2 E_l + 1] pinned
-  int local_experts_ = 0;
-  cudaEvent_t ready_ = nullptr;
-  bool pending_ = false;
-};
 
 // cuBLAS handles (one per stream the GEMMs run on: a handle's workspace is not shared between streams)
 // and the two kinds of expert GEMM the backward has, bf16 operands with fp32 accumulation.

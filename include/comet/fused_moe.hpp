@@ -64,8 +64,8 @@ struct MoeOptions {
   // Results are already independent of n_comm, groups, repeats and the other tokens' routing.
   bool batch_invariant = false;
   // Where N is narrow (comet/variant.hpp: prefers_320_tiles; Qwen2-57B and Phi-3.5 at TP 8), the
-  // planner's CUTLASS picks for the backward's standalone GEMMs and weight gradients run 128 x 320 tiles
-  // (the same bits). Off: the table's and the rule's picks as they are (for A/B runs).
+  // planner's CUTLASS pick for the weight gradients runs 128 x 320 tiles (the same bits). Off: the
+  // table's and the rule's picks as they are (for A/B runs).
   bool narrow_n_tiles = true;
   // Training: the backward's GEMMs that run with no comm blocks beside them (the sequential schedule of
   // its two data GEMMs, and the weight gradients) are cuBLAS's, one call per expert with its exact rows

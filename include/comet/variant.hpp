@@ -62,13 +62,13 @@ inline std::optional<WeightGradKernel> weight_grad_kernel_named(const std::strin
   return enum_named(name, kWeightGradKernels);
 }
 
-// Where CUTLASS's cooperative grouped GEMM runs 128 x 320 tiles instead of its narrow-N pick (128 x 160
-// for a standalone GEMM, 128 x 256 for the weight gradients) when the planner chooses: an N that 256-wide
-// tiles pad by at least a fifth and 320-wide ones pad less (Qwen2-57B's TP 8 shard F / 8 = 320, Phi-3.5's
-// 800). Measured on the H100 over the expert GEMMs and dW1 of five models (comet-probe-grouped-gemm,
-// bench/results/h100_probe_tiles_b37ed5d/): faster at N = 320 (1.08-1.82x) and N = 800 (up to 1.32x),
+// Where the weight gradients' cooperative grouped GEMM runs 128 x 320 tiles instead of 128 x 256 when the
+// planner chooses: an N that 256-wide tiles pad by at least a fifth and 320-wide ones pad less
+// (Qwen2-57B's TP 8 shard F / 8 = 320, Phi-3.5's 800). Measured on the H100 (comet-probe-grouped-gemm,
+// bench/results/h100_probe_tiles_b37ed5d/): Qwen2-57B TP 8's dW1 at 16384 tokens 3.74 ms against 6.79,
 // slower where N is a multiple of 256 or 176. A request is obeyed as given. The planner applies it
-// under PlannerPolicy::narrow_n_tiles (MoeOptions::narrow_n_tiles, on by default).
+// under PlannerPolicy::narrow_n_tiles (MoeOptions::narrow_n_tiles, on by default). (It once widened a
+// standalone GEMM's 128 x 160 pick too; on CuTe's n160 atoms the 160 tile leads there, launch_planner.cpp.)
 inline bool prefers_320_tiles(int n) {
   const int pad256 = (n + 255) / 256 * 256, pad320 = (n + 319) / 320 * 320;
   return n > 0 && 5 * (pad256 - n) >= pad256 && pad320 < pad256;

@@ -187,8 +187,8 @@ class FusedMoE:
       comet's persistent kernel ("persistent"). "grouped_320": the cooperative GEMM on 128 x 320 tiles
       (faster where F / tp is 320 or 800, Qwen2-57B and Phi-3.5 at TP 8).
     narrow_n_tiles (default True; MoeOptions::narrow_n_tiles): where N is narrow (F / tp = 320 or 800),
-      "auto" runs the backward's CUTLASS picks (standalone GEMMs and weight gradients) on 128 x 320 tiles,
-      the same bits; False keeps the table's and the rule's picks as they are (A/B runs).
+      "auto" runs the weight gradients' CUTLASS pick on 128 x 320 tiles, the same bits; False keeps the
+      table's and the rule's picks as they are (A/B runs).
     cublas_backward (MoeOptions::cublas_backward): the backward's GEMMs that have no comm beside them
       (its data GEMMs in the sequential schedule, and the weight gradients under "auto") run cuBLAS, one
       call per expert with its exact rows, which a training forward copies to the host without waiting

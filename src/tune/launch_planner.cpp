@@ -142,9 +142,9 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   // launches that have a plain product, as the fused schedule's is for the comm blocks beside it).
   if (layer != 0 && (mode == LayerMode::gemm_only || d.schedule == Schedule::sequential))
     d.standalone_gemm = v.standalone_gemm;  // the request's, else the table entry's, else ours
-  if (policy_.narrow_n_tiles && !request.standalone_gemm && d.standalone_gemm == StandaloneGemm::grouped_160 &&
-      prefers_320_tiles(row_work(shape_, par_, layer).gemm_n))
-    d.standalone_gemm = StandaloneGemm::grouped_320;  // the narrow-N pick's wider tiles (variant.hpp)
+  // A table's 128 x 160 pick runs as it is: on CuTe's 160-wide wgmma atoms it leads 128 x 320 at both
+  // narrow N (Qwen2-57B TP 8's 320: 1.06-1.07x; Phi-3.5 TP 8's 800: 1.18-1.24x; H100,
+  // bench/results/h100_integ_6ecc67c/probe.json), so narrow_n_tiles no longer widens it.
   // A combine launch's sequential schedule with our GEMM may run as one launch (the GEMM, then the
   // combine, in the same blocks): the request's choice, else the table entry's. CUTLASS's GEMMs are
   // launches of their own.

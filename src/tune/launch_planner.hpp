@@ -43,8 +43,8 @@ struct PlannerPolicy {
   bool adaptive_split = true;  // the kernel may re-pick n_comm from the batch's plan
   bool batch_invariant = false;  // the tile shape depends on the layer's shape only (not the token count)
   DType layer0_dtype = DType::bf16;  // e4m3: layer 0 runs the fp8 kernel (its own tiles and table keys)
-  // Narrow-N picks on 128 x 320 tiles (comet/variant.hpp: prefers_320_tiles; MoeOptions::narrow_n_tiles);
-  // a request for grouped_320 is obeyed either way.
+  // The weight gradients' narrow-N picks on 128 x 320 tiles (comet/variant.hpp: prefers_320_tiles;
+  // MoeOptions::narrow_n_tiles); a request for grouped_320 is obeyed either way.
   bool narrow_n_tiles = true;
   // The transport has layer 0's 128 x 320 kernel (kernels/fused_layers.hpp; NVSHMEM's has not): off,
   // a request for it is refused and a table's pick of it runs 256-wide.

@@ -11,11 +11,15 @@ Four layer-1 keys (Mixtral EP 8 on the device link, by token count), each with a
 A run of its own timed CUTLASS's grouped GEMM beside ours at 256 (comet-bench --standalone-gemms, given as
 --standalone-runs: only its gemm_<name> records count, not the fused point it also holds): 0.92 against 1.00
 ms at 1024 tokens, where ours at 192 comes to 0.88 (so ours stays), and 0.90 against 1.00 at 16384, where
-256 stays (so the grouped GEMM is taken).
+256 stays (so the grouped GEMM is taken). Two keys where a fused split wins the sweep (n_comm 24, 0.90 ms;
+sequential 1.00 ms with our GEMM at 0.60):
+  8192:  CUTLASS's 128 x 160 GEMM at 0.40 makes the sequential schedule 1.00 - 0.60 + 0.40 = 0.80 ms, more
+         than 3 % faster: n_comm 0 with grouped_160;
+  2048:  its grouped GEMM at 0.53 comes to 0.93 ms, slower than the split: the split stays.
 
 Then the same runs refine a table that already holds the sweep's picks (--gemm-runs and --standalone-runs
 without --from-results): the same outcome, except that the fused pick at 4096 tokens stays (the table holds
-no sequential-mode time to scale).
+no sequential-mode time to scale), and so do those at 8192 and 2048.
 
     python3 gemm_runs_test.py PATH/TO/comet-tune
 """
@@ -33,7 +37,7 @@ BASE = {"model": "mixtral", "world": 8, "ep": 8, "tp": 1, "link": "device", "rou
 def sweep():
     out = []
     for tokens, points in ((1024, {0: 1.0, 24: 1.2}), (4096, {0: 1.0, 24: 0.95}), (16384, {0: 1.0, 24: 1.3}),
-                           (256, {0: 1.0, 24: 1.3})):
+                           (256, {0: 1.0, 24: 1.3}), (8192, {0: 1.0, 24: 0.9}), (2048, {0: 1.0, 24: 0.9})):
         for n, ms in points.items():
             out.append(dict(BASE, system="comet", mode="fused", tokens_per_rank=tokens, tile_n=256, n_comm=n,
                             median_ms=ms))
@@ -42,9 +46,11 @@ def sweep():
 
 def standalone_run():
     out = []
-    for tokens, grouped in ((1024, 0.92), (16384, 0.90)):
-        for mode, ms in (("gemm_comet", 1.0), ("gemm_grouped", grouped)):
-            out.append(dict(BASE, system="comet", mode=mode, tokens_per_rank=tokens, tile_n=256, n_comm=0,
+    for tokens, gemms in ((1024, {"comet": 1.0, "grouped": 0.92}), (16384, {"comet": 1.0, "grouped": 0.90}),
+                          (8192, {"comet": 0.6, "grouped": 0.7, "grouped_160": 0.4}),
+                          (2048, {"comet": 0.6, "grouped": 0.53})):
+        for name, ms in gemms.items():
+            out.append(dict(BASE, system="comet", mode="gemm_" + name, tokens_per_rank=tokens, tile_n=256, n_comm=0,
                             median_ms=ms))
     # The run's own sequential-mode point: --standalone-runs must not let it replace the sweep's.
     out.append(dict(BASE, system="comet", mode="fused", tokens_per_rank=16384, tile_n=256, n_comm=0, median_ms=0.5))
@@ -86,8 +92,9 @@ def main(tune):
         subprocess.run([tune, "--table", refined, *runs_args], check=True, stdout=subprocess.DEVNULL)
         got, got_refined = picks(table), picks(refined)
     expected = {"T1024": (0, 192, 0.88, "comet"), "T4096": (0, 192, 0.88, "comet"),
-                "T16384": (0, 256, 1.0, "grouped"), "T256": (0, 256, 1.0, "comet")}
-    expected_refined = dict(expected, T4096=(24, 256, 0.95, "comet"))
+                "T16384": (0, 256, 1.0, "grouped"), "T256": (0, 256, 1.0, "comet"),
+                "T8192": (0, 256, 0.8, "grouped_160"), "T2048": (24, 256, 0.9, "comet")}
+    expected_refined = dict(expected, T4096=(24, 256, 0.95, "comet"), T8192=(24, 256, 0.9, "comet"))
     ok = [matches(what, g, e) for what, g, e in (("from the sweep: picks", got, expected),
                                                  ("refining the table: picks", got_refined, expected_refined))]
     if not all(ok):

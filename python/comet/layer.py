@@ -90,8 +90,8 @@ class MoELayer(nn.Module):
     fused_activation_grad=True: the activation's backward in the backward GEMM's epilogue (comet.FusedMoE).
     weight_grad_kernel: which GEMM makes the weight gradients (comet.FusedMoE): "auto" (default, the
     planner's rule by shape), "persistent", "grouped", "grouped_cooperative" or "grouped_320"; all give the same bits.
-    narrow_n_tiles=False: keep "auto"'s picks off the 128 x 320 tiles it takes where F / tp is 320 or 800
-    (comet.FusedMoE; the same bits, for A/B runs).
+    narrow_n_tiles=False: keep "auto"'s weight-gradient pick off the 128 x 320 tiles it takes where F / tp
+    is 320 or 800 (comet.FusedMoE; the same bits, for A/B runs).
     cublas_backward: whether the backward's GEMMs with no comm beside them run cuBLAS (comet.FusedMoE; None,
     the default: where a rank has at most 2 local experts).
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,

@@ -39,8 +39,8 @@ struct SequentialMoe::RankState {
         grad_problems1(moe.parallel().local_experts(moe.shape())),
         grad_problems0(moe.parallel().local_experts(moe.shape())) {}
 
-  // Reads the plan's per-expert row counts (synchronises the stream; raises DeviceReportedError for bad
-  // routing) into counts, blocks and max_rows.
+  // Reads the plan's per-expert row counts (waits for the stream up to the copy; raises
+  // DeviceReportedError for bad routing) into counts, blocks and max_rows.
   void read_counts(const MoeEngine& moe) {
     const int el = moe.parallel().local_experts(moe.shape());
     counts = host_counts.read(moe.plan(rank).view(), el, moe.shape().num_experts, stream);

@@ -43,6 +43,11 @@ void apply_width(const std::string& s, Best& b, const Points& sweep, const Width
   b.v.tile_n = *pick, b.v.n_comm = 0, b.ms = ms;
 }
 
+// The standalone GEMM of one run with the shortest time (ours among them).
+std::map<StandaloneGemm, double>::const_iterator fastest_gemm(const std::map<StandaloneGemm, double>& times) {
+  return std::min_element(times.begin(), times.end(), [](const auto& x, const auto& y) { return x.second < y.second; });
+}
+
 // A fused pick gives way to the sequential schedule with a standalone GEMM of CUTLASS's when that is
 // faster by kMeasuredGain: the sweep's sequential point at a width the standalone runs timed, with our
 // GEMM's time there swapped for the fastest one's. (The sweep's sequential points run our GEMM, so a
@@ -54,8 +59,7 @@ void prefer_sequential_standalone(const std::string& s, Best& b, const Points& s
     const auto seq = sweep.find({tile, 0});
     const auto ours = times.find(StandaloneGemm::comet);
     if (seq == sweep.end() || ours == times.end()) continue;
-    const auto fastest = std::min_element(times.begin(), times.end(),
-                                          [](const auto& x, const auto& y) { return x.second < y.second; });
+    const auto fastest = fastest_gemm(times);
     const double ms = seq->second.ms - ours->second + fastest->second;
     if (ms < (alt ? alt->ms : kMeasuredGain * b.ms)) {
       alt = seq->second;
@@ -96,8 +100,7 @@ void apply_standalone(const std::string& s, Best& b, const std::map<std::string,
   }
   if (!run) return;
   const double ours = run->at(StandaloneGemm::comet) * scale;
-  const auto fastest = std::min_element(run->begin(), run->end(),
-                                        [](const auto& x, const auto& y) { return x.second < y.second; });
+  const auto fastest = fastest_gemm(*run);
   b.v.standalone_gemm = fastest->first != StandaloneGemm::comet && fastest->second < kMeasuredGain * ours
                             ? fastest->first
                             : StandaloneGemm::comet;

@@ -25,12 +25,14 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   const RankGrad g0 = grads_.grad();
   BackwardOptions bo{};  // bf16 weight gradients, overwritten
   bo.weight_grad_kernel = o_.wgrad_kernel;
-  // The "wgrad comet" records: one per weight-gradient GEMM (mode gemm_only: the persistent kernel).
-  const std::pair<WeightGradKernel, const char*> wgrad_kernels[] = {{WeightGradKernel::persistent, "gemm_only"},
-                                                                   {WeightGradKernel::grouped, "grouped"},
-                                                                   {WeightGradKernel::grouped_cooperative,
-                                                                    "grouped_cooperative"},
-                                                                   {WeightGradKernel::grouped_320, "grouped_320"}};
+  // The "wgrad comet" records: one per kernel a table pick can name (mode gemm_only: the persistent
+  // kernel). A cooperative pick runs each of the two GEMMs on the tile the planner gives its N
+  // (LaunchPlanner::picked_weight_grad_tiles: 128 x 320 on a narrow N), so its record times that pair;
+  // a pick of grouped_320 runs the same pair, so it has no record of its own.
+  const std::pair<WeightGradKernel, const char*> wgrad_kernels[] = {
+      {WeightGradKernel::persistent, "gemm_only"},
+      {WeightGradKernel::grouped, "grouped"},
+      {WeightGradKernel::grouped_cooperative, "grouped_cooperative"}};
   std::string line;
   auto note = [&](const char* fmt, double v) {
     char buf[64];
@@ -135,20 +137,22 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
       note(" | fwd+bwd comet %.3f", t.median_ms);
     }
     // Its weight-gradient kernels alone, where the backward runs them (after the gate partials): the
-    // persistent kernel (mode gemm_only) and CUTLASS's grouped GEMMs (modes grouped, grouped_cooperative).
+    // persistent kernel (mode gemm_only) and CUTLASS's grouped GEMMs (modes grouped, grouped_cooperative),
+    // each GEMM on the kernel a table pick of the mode runs for its N (dW1: F / tp, dW0: H).
     // With --paired in rotation (comet-tune --wgrad-runs picks among them), else one after another; a
     // kernel the case refuses drops the rotation and is reported.
     std::vector<TimedCall> wgrad_calls;
     for (const auto& [kernel, mode] : wgrad_kernels) {
-      BackwardOptions w = bo;
-      w.weight_grad_kernel = kernel;
+      BackwardOptions w1 = bo, w0 = bo;
+      w1.weight_grad_kernel = moe.planner().picked_weight_grad_tiles(kernel, fs);
+      w0.weight_grad_kernel = moe.planner().picked_weight_grad_tiles(kernel, H);
       wgrad_calls.push_back({[&] {
                                forward();
                                up_to_gates();
                              },
-                             [&, w] {
-                               moe.grad_weights1(0, g0, w);
-                               moe.grad_weights0(0, g0, w);
+                             [&, w1, w0] {
+                               moe.grad_weights1(0, g0, w1);
+                               moe.grad_weights0(0, g0, w0);
                              }});
     }
     std::vector<Timing> wgrad_times;

@@ -230,15 +230,15 @@ bool LaunchPlanner::cublas_backward(std::optional<bool> requested) const {
   return requested.value_or(par_.local_experts(shape_) <= 2);
 }
 
+WeightGradKernel LaunchPlanner::picked_weight_grad_tiles(WeightGradKernel k, int n) const {
+  if (k != WeightGradKernel::grouped_cooperative && k != WeightGradKernel::grouped_320) return k;
+  return policy_.narrow_n_tiles && prefers_320_tiles(n) ? WeightGradKernel::grouped_320
+                                                        : WeightGradKernel::grouped_cooperative;
+}
+
 WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested, int n) const {
   if (requested != WeightGradKernel::automatic) return requested;
-  // A cooperative pick (either tile) runs 320-wide tiles on a narrow N, 256-wide ones elsewhere
-  // (variant.hpp: prefers_320_tiles): one pick covers dW1 (N = F / tp) and dW0 (N = H).
-  auto narrow = [n, this](WeightGradKernel k) {
-    if (k != WeightGradKernel::grouped_cooperative && k != WeightGradKernel::grouped_320) return k;
-    return policy_.narrow_n_tiles && prefers_320_tiles(n) ? WeightGradKernel::grouped_320
-                                                          : WeightGradKernel::grouped_cooperative;
-  };
+  auto narrow = [n, this](WeightGradKernel k) { return picked_weight_grad_tiles(k, n); };
   TuneKey k = key(kWeightGradLaunch, tokens);
   for (Link link : {link_, link_ == Link::host ? Link::device : Link::host}) {
     k.link = link;

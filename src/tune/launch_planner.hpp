@@ -64,6 +64,11 @@ class LaunchPlanner {
   // the rule in launch_planner.cpp (from expected rows per local expert, the shard's F and H).
   // n: the GEMM's N (dW1: F / tp, dW0: H), where it decides the tile (0: unknown).
   WeightGradKernel weight_grad_kernel(int tokens, WeightGradKernel requested, int n = 0) const;
+  // The kernel a picked (not requested) weight-gradient kernel runs for a GEMM of n columns: a cooperative
+  // pick, either tile, runs 128 x 320 where n is narrow (variant.hpp: prefers_320_tiles) and the policy's
+  // narrow_n_tiles is on, 128 x 256 elsewhere; the other kernels as they are. One table pick covers dW1
+  // (n = F / tp) and dW0 (n = H), so a benchmark times a pick through this too.
+  WeightGradKernel picked_weight_grad_tiles(WeightGradKernel k, int n) const;
   // Whether the backward's standalone GEMMs and weight gradients run cuBLAS (MoeOptions::cublas_backward):
   // the request, else the rule (launch_planner.cpp).
   bool cublas_backward(std::optional<bool> requested) const;

@@ -447,6 +447,15 @@ TEST(LaunchPlanner, NarrowNWeightGradientsRunOnTilesOf320) {
   EXPECT_EQ(rule.weight_grad_kernel(16384, K::automatic, 3584), K::grouped_cooperative);
   EXPECT_EQ(rule.weight_grad_kernel(16384, K::grouped_cooperative, 320), K::grouped_cooperative);  // requested
   EXPECT_EQ(rule.weight_grad_kernel(1024, K::automatic, 320), K::persistent);        // the rule: ours
+  // What a pick runs per N (the benchmark's wgrad records time picks through it): both cooperative
+  // kernels map to the same pair, the others stay.
+  for (K picked : {K::grouped_cooperative, K::grouped_320}) {
+    EXPECT_EQ(rule.picked_weight_grad_tiles(picked, 320), K::grouped_320) << to_string(picked);
+    EXPECT_EQ(rule.picked_weight_grad_tiles(picked, 3584), K::grouped_cooperative) << to_string(picked);
+    EXPECT_EQ(LaunchPlanner(qwen57, tp8, Link::device, h200_like(), {}, off).picked_weight_grad_tiles(picked, 320),
+              K::grouped_cooperative) << to_string(picked);
+  }
+  for (K other : {K::persistent, K::grouped}) EXPECT_EQ(rule.picked_weight_grad_tiles(other, 320), other);
   TuneTable t;
   LayerVariant w;
   w.weight_grad = K::grouped_320;

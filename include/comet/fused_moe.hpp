@@ -79,6 +79,17 @@ struct MoeOptions {
   // backward's standalone GEMMs".
   std::optional<bool> cublas_backward;
   bool checking = false;  // synchronise and raise device-reported errors after every call
+  // Check the tuner's fused picks on this machine (src/tune/schedule_check.hpp). For each launch (the
+  // forward's two, the backward's two) and token bucket whose pick is a fused split, the first calls
+  // alternate that pick with the sequential schedule of the same launch (6 launches each, the first
+  // untimed), timed with CUDA events read back at later calls without waiting; from then on the launch
+  // runs the one whose median was lower (the sequential schedule only where it was 2 % faster). For a
+  // node whose link or GPU the shipped table did not measure. Each rank decides for itself (the
+  // schedules of one launch need not agree across ranks). Nothing is timed while a CUDA graph is
+  // captured (the pick runs there, or a verdict already reached). Both schedules give correct results;
+  // where the sequential one runs a CUTLASS GEMM from the table, other bits than the fused one's. Off
+  // by default until it has run on a GPU (tests/gpu/ops/schedule_check_test.cpp).
+  bool check_schedule = false;
   // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),
   // plus the backward's buffers (gathered output gradients [max_rows][H] bf16, gate-gradient partials).

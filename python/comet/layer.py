@@ -94,6 +94,8 @@ class MoELayer(nn.Module):
     is 320 or 800 (comet.FusedMoE; the same bits, for A/B runs).
     cublas_backward: whether the backward's GEMMs with no comm beside them run cuBLAS (comet.FusedMoE; None,
     the default: where a rank has at most 2 local experts).
+    check_schedule=True: time the tuner's fused picks against the sequential schedule on the first calls
+    and keep the faster per launch and token bucket (comet.FusedMoE; off by default, not yet run on a GPU).
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
     bf16: comet.FusedMoE).
     w0 and w1 carry Megatron's expert marker, ``allreduce`` (False under EP: their gradients are reduced over
@@ -126,7 +128,7 @@ class MoELayer(nn.Module):
                  training: Optional[bool] = None, fused_activation_grad: bool = False,
                  weight_grad_kernel: str = "auto", transport: str = "peer",
                  gradient_accumulation_fusion: bool = False, narrow_n_tiles: bool = True,
-                 cublas_backward: Optional[bool] = None):
+                 cublas_backward: Optional[bool] = None, check_schedule: bool = False):
         super().__init__()
         if dtype not in (torch.bfloat16, torch.float8_e4m3fn):
             raise TypeError(f"MoELayer: dtype must be torch.bfloat16 or torch.float8_e4m3fn (an fp8 layer 0, forward "
@@ -148,7 +150,8 @@ class MoELayer(nn.Module):
                                fused_activation_grad=fused_activation_grad,
                                weight_grad_kernel=weight_grad_kernel, transport=transport,
                                gradient_accumulation_fusion=gradient_accumulation_fusion,
-                               narrow_n_tiles=narrow_n_tiles, cublas_backward=cublas_backward)
+                               narrow_n_tiles=narrow_n_tiles, cublas_backward=cublas_backward,
+                               check_schedule=check_schedule)
         self.hidden_size, self.ffn_size, self.num_experts, self.top_k = hidden_size, ffn_size, num_experts, top_k
         self.activation, self.renormalize = activation, renormalize
         self.expert_dtype, self.fp8 = dtype, fp8

@@ -195,6 +195,13 @@ class FusedMoE:
       (the backward waits for that copy). None (default): where a rank has at most 2 local experts (the
       planner's rule: faster there, slower with many small experts); True / False: asked. Other bits
       than comet's kernels (the same every run); not under CUDA-graph capture (comet's kernels then).
+    check_schedule=True (MoeOptions::check_schedule): the layer checks the tuner's fused picks on this
+      machine. For each launch (forward and backward) and token bucket whose pick is a fused split, its
+      first calls alternate that pick with the sequential schedule (6 launches each, the first untimed),
+      timed with CUDA events read back at later calls without waiting; then it keeps whichever had the
+      lower median (the sequential schedule only where it was 2 % faster). For a node the shipped table
+      did not measure (real NVLink, another GPU). Nothing is timed under CUDA-graph capture. Off by
+      default: it has not run on a GPU yet.
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16
@@ -213,7 +220,7 @@ class FusedMoE:
                  training: bool = False, tune_table: str = "", use_torch_allocator: bool = True,
                  dtype="bf16", fused_activation_grad: bool = False, weight_grad_kernel: str = "auto",
                  transport: str = "peer", gradient_accumulation_fusion: bool = False, narrow_n_tiles: bool = True,
-                 cublas_backward: Optional[bool] = None):
+                 cublas_backward: Optional[bool] = None, check_schedule: bool = False):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {_ACTIVATIONS}, got {activation!r}")
         if weight_grad_kernel not in _WEIGHT_GRAD_KERNELS:
@@ -223,6 +230,8 @@ class FusedMoE:
             raise TypeError(f"comet.FusedMoE: narrow_n_tiles must be a bool, got {narrow_n_tiles!r}")
         if cublas_backward is not None and not isinstance(cublas_backward, bool):
             raise TypeError(f"comet.FusedMoE: cublas_backward must be None or a bool, got {cublas_backward!r}")
+        if not isinstance(check_schedule, bool):
+            raise TypeError(f"comet.FusedMoE: check_schedule must be a bool, got {check_schedule!r}")
         native_dtype = _DTYPES.get(dtype) if isinstance(dtype, (str, torch.dtype)) else None
         if native_dtype is None:
             raise ValueError(f"comet.FusedMoE: dtype must be 'bf16' or 'e4m3' (torch.bfloat16 or torch.float8_e4m3fn: "
@@ -250,7 +259,7 @@ class FusedMoE:
                 batch_invariant=batch_invariant, checking=checking, training=training, tune_table=tune_table,
                 allocate=allocator.alloc if allocator else None, release=allocator.release if allocator else None,
                 dtype=native_dtype, transport=transport, narrow_n_tiles=narrow_n_tiles,
-                cublas_backward=cublas_backward)
+                cublas_backward=cublas_backward, check_schedule=check_schedule)
         except Exception as e:
             if allocator is None or allocator.failure is None:
                 raise

@@ -267,7 +267,8 @@ NB_MODULE(_C, m) {
              std::optional<int> layer0_n_comm, std::optional<int> layer1_tile_n, std::optional<int> layer1_n_comm,
              bool adaptive_split, bool batch_invariant, bool checking, bool training, const std::string& tune_table,
              std::optional<nb::object> allocate, std::optional<nb::object> release, const std::string& dtype,
-             const std::string& transport, bool narrow_n_tiles, std::optional<bool> cublas_backward) {
+             const std::string& transport, bool narrow_n_tiles, std::optional<bool> cublas_backward,
+             bool check_schedule) {
             MoeOptions o;
             o.dtype = dtype_of(dtype);
             o.transport = transport_of(transport);
@@ -279,6 +280,7 @@ NB_MODULE(_C, m) {
             o.training = training;
             o.narrow_n_tiles = narrow_n_tiles;
             o.cublas_backward = cublas_backward;
+            o.check_schedule = check_schedule;
             o.tune_table = tune_table;
             o.allocator = allocator_from(std::move(allocate), std::move(release));
             new (self) FusedMoe(team, MoeShape{hidden, ffn, experts, topk, activation_of(activation)},
@@ -294,7 +296,7 @@ NB_MODULE(_C, m) {
           nb::arg("training") = false, nb::arg("tune_table") = "",
           nb::arg("allocate") = nb::none(), nb::arg("release") = nb::none(), nb::arg("dtype") = "bf16",
           nb::arg("transport") = "peer", nb::arg("narrow_n_tiles") = true,
-          nb::arg("cublas_backward") = nb::none())
+          nb::arg("cublas_backward") = nb::none(), nb::arg("check_schedule") = false)
       .def_prop_ro("dtype", [](const FusedMoe& m) { return std::string(to_string(m.options().dtype)); })
       // w0_scales: an e4m3 layer's W0 block scales (fp32 [E_l][ceil(w0 rows / 128)][H / 128]); 0 = none
       // (a bf16 layer, or a w0 pointer 0 that keeps the rank's current weights).

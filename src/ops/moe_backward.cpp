@@ -37,11 +37,11 @@ int MoeEngine::w0_shard_rows() const {
 // the backward of layer 1.
 int MoeEngine::gate_blocks() const { return gate_partial_columns(shape_, par_); }
 
-const PlannedLaunch& MoeEngine::grad_plan(int layer, const RankState& s, LayerMode mode,
-                                          const LayerRequest& request) const {
+const PlannedLaunch& MoeEngine::grad_plan(int layer, RankState& s, LayerMode mode, const LayerRequest& request,
+                                          TimedLaunch& timed) const {
   // Launches 2 and 3 of the planner (comet/tune.hpp): their own table keys, else the cost model with
   // the backward's GEMM shapes (N = F/tp for the backward of layer 1, K = W0 rows for that of layer 0).
-  return planner_.plan(layer == 1 ? 2 : 3, mode, s.tokens, transport_request(layer == 1 ? 2 : 3, request));
+  return checked_plan(s, layer == 1 ? 2 : 3, mode, request, timed);
 }
 
 void MoeEngine::check_grad(int rank, const RankGrad& g) const {
@@ -87,7 +87,8 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
                             UnitRange units) {
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
-  const PlannedLaunch& planned = grad_plan(1, s, mode, request);
+  TimedLaunch timed;  // ends (MoeOptions::check_schedule) after the launches below
+  const PlannedLaunch& planned = grad_plan(1, s, mode, request, timed);
   const LaunchDecision& d = planned.decision;
   s.last[2] = d;
   if (fused_activation) s.last[2].standalone_gemm = StandaloneGemm::comet;  // the epilogue is ours (below)
@@ -214,8 +215,12 @@ void MoeEngine::weight_grad(const RankState& s, const void* p, int p_cols, const
 
 void MoeEngine::grad_layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   RankState& s = compute_state(rank);
-  COMET_REQUIRE(s.w0 || mode == LayerMode::comm_only, "FusedMoe: no weights (w0) set for rank ", rank);
-  const PlannedLaunch& planned = grad_plan(0, s, mode, request);
+  TimedLaunch timed;  // ends (MoeOptions::check_schedule) after the launches
+  run_grad_layer0(s, grad_plan(0, s, mode, request, timed), mode, units);
+}
+
+void MoeEngine::run_grad_layer0(RankState& s, const PlannedLaunch& planned, LayerMode mode, UnitRange units) {
+  COMET_REQUIRE(s.w0 || mode == LayerMode::comm_only, "FusedMoe: no weights (w0) set for rank ", s.rank);
   LaunchDecision d = planned.decision;
   if (s.cublas_rows) d.one_launch = false;  // cuBLAS's GEMM is a launch of its own
   s.last[3] = d;
@@ -280,12 +285,16 @@ void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o
   prepare_grad(rank);
   grad_layer1(rank, LayerMode::fused, request1, o.fused_activation);
   grad_gates(rank);
-  if (grad_plan(0, s, LayerMode::fused, request0).decision.schedule == Schedule::sequential) {
+  // MoeOptions::check_schedule times the backward of layer 0 with the weight gradients, on whichever
+  // stream they run (beside a fused split, after the sequential schedule): the span either choice takes.
+  TimedLaunch timed;
+  const PlannedLaunch& planned0 = grad_plan(0, s, LayerMode::fused, request0, timed);
+  if (planned0.decision.schedule == Schedule::sequential) {
     // No comm blocks to hide: grad_layer0 is a GEMM launch and then a combine launch on every SM. Beside
     // them, the weight gradients' persistent blocks take the SMs the GEMM's tail frees, and the combine
     // then waits for those blocks to finish all their tiles: 2-5 ms lost at 16384 tokens (TP 8, device
     // link, H200). So they run after it.
-    grad_layer0(rank, LayerMode::fused, request0);
+    run_grad_layer0(s, planned0, LayerMode::fused, {});
     grad_weights1_on(s, g, o, s.stream);
     grad_weights0_on(s, g, o, s.stream);
     return;
@@ -293,7 +302,7 @@ void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o
   // dW1 and dW0 need only what grad_layer1 wrote: on the side stream, beside grad_layer0, whose
   // combine then overlaps them (one launch, first, so the fused kernel's grid is resident first).
   COMET_CUDA_CHECK(cudaEventRecord(s.side_fork, s.stream));
-  grad_layer0(rank, LayerMode::fused, request0);
+  run_grad_layer0(s, planned0, LayerMode::fused, {});
   COMET_CUDA_CHECK(cudaStreamWaitEvent(s.side, s.side_fork, 0));
   grad_weights1_on(s, g, o, s.side);
   grad_weights0_on(s, g, o, s.side);

@@ -168,6 +168,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
     s->computes = options_.compute_ranks.empty() || std::count(options_.compute_ranks.begin(),
                                                                  options_.compute_ranks.end(), r) > 0;
     if (s->computes) {
+      if (options_.check_schedule) s->schedule_check = std::make_unique<ScheduleCheck>();
       s->plan = DevicePlan(PlanConfig{shape_, par_, r, kTileM, PlanCapacity{T, rows}});
       s->a = alloc(*s, size_t(rows) * row_bytes);
       s->hid = alloc(*s, size_t(rows) * par_.ffn_shard(shape_) * 2);
@@ -420,6 +421,50 @@ const LaunchDecision& MoeEngine::decision(int layer, int rank, LayerMode mode, c
   return planner_.plan(layer, mode, state(rank).tokens, request).decision;
 }
 
+namespace {
+
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+}  // namespace
+
+const PlannedLaunch& MoeEngine::checked_plan(RankState& s, int launch, LayerMode mode, const LayerRequest& request,
+                                             TimedLaunch& timed) const {
+  const LayerRequest r = launch >= 2 ? transport_request(launch, request) : request;
+  const PlannedLaunch& pick = planner_.plan(launch, mode, s.tokens, r);
+  // Checked: the planner's fused splits of a whole launch (not a forced n_comm, not the steps the
+  // benchmark and the baselines run in other modes).
+  if (!s.schedule_check || mode != LayerMode::fused || r.n_comm || pick.decision.schedule != Schedule::fused)
+    return pick;
+  ScheduleCheck& check = *s.schedule_check;
+  const ScheduleCheckKey key{launch, tokens_bucket(s.tokens)};
+  ScheduleCheck::Next next{check.verdict(key).value_or(ScheduleArm::pick), false};
+  if (!capturing(s.stream)) {  // under capture: no event query, nothing timed
+    s.launch_timer.poll(check);
+    next = check.next(key);
+  }
+  if (next.timed) timed.start(s.launch_timer, check, key, next.arm, s.stream);
+  if (next.arm == ScheduleArm::pick) return pick;
+  LayerRequest sequential = r;
+  sequential.n_comm = 0;
+  return planner_.plan(launch, mode, s.tokens, sequential);
+}
+
+std::optional<ScheduleArm> MoeEngine::schedule_verdict(int rank, int launch, int tokens) const {
+  const RankState& s = compute_state(rank);
+  if (!s.schedule_check) return std::nullopt;
+  return s.schedule_check->verdict({launch, tokens_bucket(tokens)});
+}
+
+std::optional<std::pair<float, float>> MoeEngine::schedule_medians(int rank, int launch, int tokens) const {
+  const RankState& s = compute_state(rank);
+  if (!s.schedule_check) return std::nullopt;
+  return s.schedule_check->medians({launch, tokens_bucket(tokens)});
+}
+
 const LaunchDecision& MoeEngine::last_decision(int rank, int layer) const {
   COMET_REQUIRE(layer >= 0 && layer < kLaunchLayers, "FusedMoe: layer must be 0..3 (2, 3: the backward's), got ",
                 layer);
@@ -461,7 +506,8 @@ void check_units(UnitRange units, LayerMode mode, const char* layer) {
 void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units) {
   check_units(units, mode, "layer 0");
   RankState& s = compute_state(rank);
-  const PlannedLaunch& planned = planner_.plan(0, mode, s.tokens, request);
+  TimedLaunch timed;  // ends (MoeOptions::check_schedule) after the launches below
+  const PlannedLaunch& planned = checked_plan(s, 0, mode, request, timed);
   const LaunchDecision& d = planned.decision;
   s.last[0] = d;
   kernels::Layer0Launch l;
@@ -487,7 +533,8 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   check_units(units, mode, "layer 1");
   RankState& s = compute_state(rank);
   COMET_REQUIRE(s.w1 || mode == LayerMode::comm_only, "FusedMoe: no weights (w1) set for rank ", rank);
-  const PlannedLaunch& planned = planner_.plan(1, mode, s.tokens, request);
+  TimedLaunch timed;
+  const PlannedLaunch& planned = checked_plan(s, 1, mode, request, timed);
   const LaunchDecision& d = planned.decision;
   s.last[1] = d;
   const int H = shape_.hidden;

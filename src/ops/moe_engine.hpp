@@ -22,8 +22,11 @@
 #include "kernels/grad_rows.hpp"
 #include "kernels/local_rows.hpp"
 #include "tune/launch_planner.hpp"
+#include "tune/schedule_check.hpp"
 
 namespace comet {
+
+class TimedLaunch;  // ops/launch_timer.hpp
 
 // A sub-range of the plan's units (baselines that pipeline the layer in chunks); {-1, -1}: all.
 struct UnitRange {
@@ -118,6 +121,10 @@ class MoeEngine {
   // the rank's stream), else the decision's.
   int last_n_comm(int rank, int layer) const;
   const LaunchPlanner& planner() const { return planner_; }
+  // MoeOptions::check_schedule: the schedule `rank` settled on for a launch id and token count, once it
+  // has (nothing before, or without the option), and the medians (pick, sequential; ms) it came from.
+  std::optional<ScheduleArm> schedule_verdict(int rank, int launch, int tokens) const;
+  std::optional<std::pair<float, float>> schedule_medians(int rank, int launch, int tokens) const;
   int resident_blocks(int layer, int tile_n) const { return planner_.resident_blocks(layer, tile_n); }
 
   // ---- introspection -----------------------------------------------------------------------------
@@ -160,7 +167,6 @@ class MoeEngine {
   int w0_shard_rows() const;  // N0_s: W0 rows per local expert (2 F_s for swiglu)
   // Bytes of one token row that the dispatch moves: 2 H in bf16, a record (fp8.hpp) in e4m3.
   int token_row_bytes() const;
-  // The planner's launch for the backward of `layer` (launch id 2 for layer 1, 3 for layer 0).
   void grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
   // out_e = P_e^T Q_e over the plan's expert rows of P [rows_cap][p_cols] and Q [rows_cap][q_cols]; launch 0
   // (dW1) or 1 (dW0) picks the grouped kernel's workspace.
@@ -185,7 +191,18 @@ class MoeEngine {
   kernels::FinalReduceArgs final_reduce_args(const RankState& s, const void* ids, bool ids_64, void* out,
                                              int tokens) const;
   void grad_weights0_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);
-  const PlannedLaunch& grad_plan(int layer, const RankState& s, LayerMode mode, const LayerRequest& request) const;
+  // The planner's launch for the backward of `layer` (launch id 2 for layer 1, 3 for layer 0), through
+  // checked_plan.
+  const PlannedLaunch& grad_plan(int layer, RankState& s, LayerMode mode, const LayerRequest& request,
+                                 TimedLaunch& timed) const;
+  // The planner's decision for a launch of `launch` on rank s, or, under MoeOptions::check_schedule
+  // where the pick is a fused split, the schedule the check runs now (the pick or the sequential
+  // schedule); a launch the check times starts its timing in `timed`, which ends it when it goes out
+  // of scope: after the launch's work on the rank's stream.
+  const PlannedLaunch& checked_plan(RankState& s, int launch, LayerMode mode, const LayerRequest& request,
+                                    TimedLaunch& timed) const;
+  // grad_layer0 on a decision made (grad_steps times it with the weight gradients beside it).
+  void run_grad_layer0(RankState& s, const PlannedLaunch& planned, LayerMode mode, UnitRange units);
   // The grid split of a launch of `layer` on a rank, from the planner's decision.
   kernels::GridSplit grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode, int layer) const;
   // A standalone expert GEMM (LaunchDecision::standalone_gemm, not comet) on the rank's stream: out rows

@@ -12,6 +12,7 @@
 #include "comet/device_plan.hpp"
 #include "kernels/layer_sync.hpp"
 #include "ops/cublas_gemms.hpp"
+#include "ops/launch_timer.hpp"
 #include "tune/launch_planner.hpp"
 #include "ops/moe_engine.hpp"
 
@@ -46,6 +47,9 @@ struct MoeEngine::RankState {
   std::vector<void*> registered;
   std::function<void(void*)> unregister;
   LaunchDecision last[kLaunchLayers];     // the planner's decision of the last launch per launch id
+  // MoeOptions::check_schedule (tune/schedule_check.hpp): the check and its timed launches.
+  std::unique_ptr<ScheduleCheck> schedule_check;
+  LaunchTimer launch_timer;
   const void* w0 = nullptr;
   const void* w1 = nullptr;
   const float* w0_scales = nullptr;  // MoeOptions::dtype e4m3: W0's 128 x 128 block scales

@@ -334,6 +334,8 @@ def test_fused_moe_refuses_a_non_bool_narrow_n_tiles():
         comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, narrow_n_tiles="off")
     with pytest.raises(TypeError, match="cublas_backward must be None or a bool"):
         comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, cublas_backward=1)
+    with pytest.raises(TypeError, match="check_schedule must be a bool"):
+        comet.FusedMoE(None, 64, 128, 4, 2, max_tokens=8, check_schedule="yes")
 
 
 def test_weight_helpers_reject_bad_layouts():

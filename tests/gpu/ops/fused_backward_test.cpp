@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <set>
 #include <string>
 
 #include "comet/bf16.hpp"
@@ -39,6 +40,7 @@ struct BwdCase {
   bool fused_act = false;  // BackwardOptions::fused_activation
   WeightGradKernel wgrad = WeightGradKernel::persistent;  // BackwardOptions::weight_grad_kernel
   bool cublas = false;  // MoeOptions::cublas_backward
+  bool check_schedule = false;  // MoeOptions::check_schedule
 };
 
 // The same case with MoeOptions::cublas_backward: the standalone GEMMs (the sequential schedule's) and
@@ -109,6 +111,7 @@ struct Harness {
     o.layer1 = c.l1;
     o.training = true;
     o.cublas_backward = c.cublas;
+    o.check_schedule = c.check_schedule;
     return o;
   }
 
@@ -611,6 +614,45 @@ TEST(FusedBackward, CublasBackwardIsRepeatableAndAccumulates) {
     for (size_t i = 0; i < once.dw1.size(); ++i)
       ASSERT_TRUE(near(twice.dw1[i], 2 * once.dw1[i])) << "dW1 element " << i << ": " << twice.dw1[i] << " against 2 x " << once.dw1[i];
   }
+}
+
+// MoeOptions::check_schedule in training: the backward's two launches (and the forward's) alternate the
+// planner's fused pick with the sequential schedule until each has a verdict (the backward of layer 0
+// timed with the weight gradients beside or after it); every step's gradients against the CPU reference.
+TEST(FusedBackward, ScheduleCheckTimesTheBackwardsLaunchesAndStaysRight) {
+  BwdCase c{"EP4_host_check_schedule", kSmallSwiglu, {4, 1}, {300, 0, 257, 129}, RoutingKind::uniform, Link::host,
+            LayerRequest{}, LayerRequest{}};
+  c.check_schedule = true;
+  Harness h(c);
+  h.run();
+  for (int launch : {2, 3})
+    ASSERT_EQ(h.moe.decision(launch, 0, LayerMode::fused, LayerRequest{}).schedule, Schedule::fused)
+        << "launch " << launch << ": the planner's pick must be a fused split for the check to act";
+  check_gradients(h);
+  std::set<Schedule> seen[2];
+  auto decided = [&] {
+    return h.moe.schedule_verdict(0, 2, c.tokens[0]).has_value() && h.moe.schedule_verdict(0, 3, c.tokens[0]).has_value();
+  };
+  int steps = 1;
+  for (; steps < 40 && !decided(); ++steps) {
+    h.run();
+    check_gradients(h);
+    for (int launch : {2, 3}) seen[launch - 2].insert(h.moe.last_decision(0, launch).schedule);
+  }
+  ASSERT_TRUE(decided()) << "no verdict for the backward's launches after " << steps << " steps";
+  for (int launch : {2, 3}) {
+    EXPECT_EQ(seen[launch - 2].size(), 2u) << "launch " << launch << " ran only one schedule while checking";
+    const auto m = h.moe.schedule_medians(0, launch, c.tokens[0]);
+    ASSERT_TRUE(m.has_value());
+    std::printf("launch %d: pick %.3f ms, sequential %.3f ms\n", launch, m->first, m->second);
+  }
+  h.run();
+  check_gradients(h);
+  for (int launch : {2, 3})
+    EXPECT_EQ(h.moe.last_decision(0, launch).schedule,
+              *h.moe.schedule_verdict(0, launch, c.tokens[0]) == ScheduleArm::pick ? Schedule::fused
+                                                                                   : Schedule::sequential)
+        << "launch " << launch;
 }
 
 TEST(FusedBackward, RefusesWithoutASavedForward) {

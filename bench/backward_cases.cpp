@@ -68,6 +68,13 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
   if (o_.has_system("comet")) {
     auto& forward = comet_forward;
     auto& backward = comet_backward;
+    if (o_.check_schedule) {  // the check's launches before any timing (--check-schedule; run_case has the forward's)
+      for (int i = 0; i < 30; ++i) {
+        forward();
+        backward();
+      }
+      moe_->sync_and_check();
+    }
     auto up_to_gates = [&] {
       moe.stage_grad(0, g0);
       moe.prepare_grad(0);
@@ -87,7 +94,7 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
                     moe.decision(3, 0, LayerMode::fused, pick).picked_by + (o_.adaptive ? "+adaptive" : "") +
                     "+wgrad:" + to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, fs)) + "/" +
                     to_string(moe.planner().weight_grad_kernel(in.tokens, bo.weight_grad_kernel, H)) +
-                    (moe.cublas_backward(0) ? "+cublas" : "");
+                    (moe.cublas_backward(0) ? "+cublas" : "") + check_note(2, in.tokens) + check_note(3, in.tokens);
       add_record(out, r, t, flops, true, c);
     };
     if (BWD) {

@@ -53,6 +53,13 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --cublas-backward        comet's backward runs its standalone GEMMs (the sequential schedule's) and its
                            weight gradients with cuBLAS (MoeOptions::cublas_backward true), for an A/B run;
   --no-cublas-backward     with comet's kernels (false); default: the planner's rule (<= 2 local experts)
+  --check-schedule         comet's layer checks its fused picks against the sequential schedule
+                           (MoeOptions::check_schedule); each case first runs the tuned launches until
+                           the check has settled (30 untimed forwards, and backwards with bwd), so that
+                           the tuned records time its verdicts (picked_by: +checked:pick|sequential)
+  --tune-table FILE        comet's tuner table is FILE alone (MoeOptions::tune_table), not the shipped
+                           one overlaid by COMET_TUNE_TABLE's; a file with no entries and no models: the
+                           cost model's defaults, as on a GPU the table does not know
   --no-adaptive            comet's tuned runs keep the host's pick (MoeOptions::adaptive_split off; by
                            default they re-pick n_comm on the device from the plan and their records
                            give the n_comm the kernel chose; --adaptive: that default, said explicitly)
@@ -220,6 +227,10 @@ BenchOptions parse_options(int argc, char** argv) {
       o.cublas_backward = false;
     } else if (a == "--no-adaptive") {
       o.adaptive = false;
+    } else if (a == "--check-schedule") {
+      o.check_schedule = true;
+    } else if (a == "--tune-table") {
+      o.tune_table = value();
     } else if (a == "--fused-activation-grad") {
       o.fused_activation_grad = true;
     } else if (a == "--standalone-gemms") {
@@ -251,6 +262,8 @@ BenchOptions parse_options(int argc, char** argv) {
                 "forward only (no l2, l3, bwd)");
   COMET_REQUIRE(o.m_group >= 0, "--m-group must be >= 0 (0: the planner's rule)");
   COMET_REQUIRE(o.reps >= 1 && o.warmup >= 0, "--reps must be >= 1 and --warmup >= 0");
+  COMET_REQUIRE(!o.check_schedule || o.adaptive, "--check-schedule checks the tuner's requests: not with --no-adaptive "
+                "(which forces each decision's n_comm, and a forced n_comm is not checked)");
   COMET_REQUIRE(o.chunk_comm_blocks >= 1, "--chunk-comm-blocks must be >= 1");
   std::sort(o.tokens.begin(), o.tokens.end());
   o.tokens.erase(std::unique(o.tokens.begin(), o.tokens.end()), o.tokens.end());

@@ -26,6 +26,8 @@ struct BenchOptions {
   bool narrow_n_tiles = true;  // MoeOptions::narrow_n_tiles (--no-narrow-n-tiles: off, for A/B runs)
   std::optional<bool> cublas_backward;  // MoeOptions::cublas_backward (--cublas-backward / --no-...: A/B runs)
   bool adaptive = true;  // comet's tuned runs with MoeOptions::adaptive_split (n_comm re-picked on the device)
+  bool check_schedule = false;  // MoeOptions::check_schedule, settled before any tuned timing (--check-schedule)
+  std::string tune_table;       // MoeOptions::tune_table (--tune-table FILE: that table alone; empty: the default)
   int tile_n = 256;
   int m_group = 0;  // --m-group: forced launches' M-tile group (0: the planner's rule)
   std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)

@@ -50,6 +50,8 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   mo.adaptive_split = o_.adaptive;
   mo.narrow_n_tiles = o_.narrow_n_tiles;
   mo.cublas_backward = o_.cublas_backward;
+  mo.check_schedule = o_.check_schedule;
+  mo.tune_table = o_.tune_table;
   mo.training = o_.has_backward();  // the forwards keep their pre-activations (every forward record then pays it)
   mo.compute_ranks = {0};           // the others only stage their tokens: no gathered rows, hidden or Y
   mo.dtype = fp8() ? DType::e4m3 : DType::bf16;
@@ -234,6 +236,13 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   return r;
 }
 
+std::string GroupRunner::check_note(int launch, int tokens) const {
+  if (!o_.check_schedule) return "";
+  const auto v = moe_->engine().schedule_verdict(0, launch, tokens);
+  if (!v) return "+check:none";
+  return *v == ScheduleArm::pick ? "+checked:pick" : "+checked:sequential";
+}
+
 void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   const size_t case_begin = out.size();
   warmup_ = in.warmup;
@@ -310,6 +319,18 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   if (chunked_) {
     chunked_->options().gemm0 = best_path[0];
     chunked_->options().gemm1 = best_path[1];
+  }
+
+  // --check-schedule: the check's launches (MoeOptions::check_schedule: 12 per launch, their times read
+  // back at later calls) before any tuned timing, so that the tuned records time its verdicts.
+  if (o_.check_schedule && want_comet && (L0 || L1 || FWD)) {
+    for (int i = 0; i < 30; ++i) {
+      moe.prepare(0);
+      moe.layer0(0, LayerMode::fused, tuned(tuned_tn));
+      moe.layer1(0, LayerMode::fused, tuned(tuned_tn));
+      moe.finish(0, b0);
+    }
+    moe_->sync_and_check();
   }
 
   // ---- comet: gemm_only, the fused n_comm sweep, comm_only at the best n_comm (or every one).
@@ -435,7 +456,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         f.n_comm = o_.adaptive ? moe.last_n_comm(0, layer) : tn_comm;
         f.tuned = true;
         f.tile_n = pick.tile_n;
-        f.picked_by = std::string(pick.picked_by) + (o_.adaptive ? "+adaptive" : "");
+        f.picked_by = std::string(pick.picked_by) + (o_.adaptive ? "+adaptive" : "") + check_note(layer, in.tokens);
         stamp(f, t, flops, true);
       }
       line += std::string(" | comet ") + name;
@@ -565,7 +586,8 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       tr.n_comm_l1 = o_.adaptive ? moe.last_n_comm(0, 1) : t1.n_comm;
       tr.tuned = true;
       tr.tile_n = t0.tile_n;  // layer 0's (layer 1's is in picked_by's decision, not recorded)
-      tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by + (o_.adaptive ? "+adaptive" : "");
+      tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by + (o_.adaptive ? "+adaptive" : "") +
+                     check_note(0, in.tokens) + check_note(1, in.tokens);
       stamp(tr, tt, flops0 + flops1, true);
       note(swept ? " tuned %.3f" : " | fwd comet tuned %.3f", tt.median_ms);
     }

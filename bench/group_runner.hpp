@@ -59,6 +59,10 @@ class GroupRunner {
   Timing time(const std::function<void()>& pre, const std::function<void()>& fn);
   void stage_case(const CaseInput& input);
   Record base(const CaseInput& input, const std::string& layer, const std::string& system) const;
+  // --check-schedule: what the check settled on for rank 0's launch (a picked_by suffix):
+  // "+checked:pick" / "+checked:sequential", "+check:none" where it has no verdict (the pick was not a
+  // fused split, or not settled); "" without the option.
+  std::string check_note(int launch, int tokens) const;
   // Appends `r` with the timing, TFLOP/s of `flops` (none when 0) and, when `comm`, GB/s of the rows
   // that crossed the link (once per pull or combine the record's layer runs).
   void add_record(std::vector<Record>& out, Record r, const Timing& t, double flops, bool comm,

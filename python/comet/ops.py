@@ -200,8 +200,8 @@ class FusedMoE:
       first calls alternate that pick with the sequential schedule (6 launches each, the first untimed),
       timed with CUDA events read back at later calls without waiting; then it keeps whichever had the
       lower median (the sequential schedule only where it was 2 % faster). For a node the shipped table
-      did not measure (real NVLink, another GPU). Nothing is timed under CUDA-graph capture. Off by
-      default: it has not run on a GPU yet.
+      did not measure (real NVLink, another GPU). Nothing is timed under CUDA-graph capture;
+      last_decision(layer)["schedule"] shows what a launch ran. Off by default: it has not run on a GPU yet.
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16

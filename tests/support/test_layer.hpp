@@ -2,7 +2,12 @@
 // through the public API (FusedMoe) and check it against the CPU reference.
 #pragma once
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -61,5 +66,27 @@ struct TestLayer {
     expect_outputs_match(problem, ref, outputs(), what);
   }
 };
+
+// A tuner table whose entries make every launch (0-3) of a layer of this shape a fused split (tile 256,
+// n_comm 8) at each of these token counts, for tests that need the planner's pick to be fused whatever
+// the cost model would pick on the GPU they run on. Saved to a file of its own; returns its path
+// (MoeOptions::tune_table).
+inline std::string fused_picks_table(Team& team, const MoeShape& shape, const Parallel& par,
+                                     const std::vector<int>& tokens) {
+  MoeOptions o;
+  o.training = true;  // the backward's launches have keys too
+  const int most = std::max(1, *std::max_element(tokens.begin(), tokens.end()));
+  FusedMoe probe(team, shape, par, MoeCapacity{most, 0}, o);
+  TuneTable table;
+  for (int t : std::set<int>(tokens.begin(), tokens.end()))
+    for (int launch = 0; launch < kLaunchLayers; ++launch)
+      table.put(probe.engine().planner().key(launch, std::max(1, t)), TuneEntry{LayerVariant{256, 8, 0, 1}, 1.0});
+  static int made = 0;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("comet_fused_picks_" + std::to_string(getpid()) + "_" + std::to_string(made++) + ".json"))
+                               .string();
+  table.save(path);
+  return path;
+}
 
 }  // namespace comet::testing

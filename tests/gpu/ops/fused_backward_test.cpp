@@ -20,6 +20,7 @@
 #include "ops/moe_engine.hpp"
 #include "support/expect_invalid.hpp"
 #include "support/layer_checks.hpp"
+#include "support/test_layer.hpp"
 
 using namespace comet;
 using namespace comet::testing;
@@ -41,6 +42,7 @@ struct BwdCase {
   WeightGradKernel wgrad = WeightGradKernel::persistent;  // BackwardOptions::weight_grad_kernel
   bool cublas = false;  // MoeOptions::cublas_backward
   bool check_schedule = false;  // MoeOptions::check_schedule
+  std::string tune_table;       // MoeOptions::tune_table (empty: the default)
 };
 
 // The same case with MoeOptions::cublas_backward: the standalone GEMMs (the sequential schedule's) and
@@ -112,6 +114,7 @@ struct Harness {
     o.training = true;
     o.cublas_backward = c.cublas;
     o.check_schedule = c.check_schedule;
+    o.tune_table = c.tune_table;
     return o;
   }
 
@@ -623,6 +626,8 @@ TEST(FusedBackward, ScheduleCheckTimesTheBackwardsLaunchesAndStaysRight) {
   BwdCase c{"EP4_host_check_schedule", kSmallSwiglu, {4, 1}, {300, 0, 257, 129}, RoutingKind::uniform, Link::host,
             LayerRequest{}, LayerRequest{}};
   c.check_schedule = true;
+  LocalTeam probe_team(c.par.world(), c.link);  // the table's keys: this layer's on this GPU
+  c.tune_table = fused_picks_table(probe_team, c.shape, c.par, c.tokens);
   Harness h(c);
   h.run();
   for (int launch : {2, 3})

@@ -20,18 +20,25 @@ using namespace comet::testing;
 
 namespace {
 
-MoeOptions checking_options() {
-  MoeOptions o;
-  o.check_schedule = true;
-  return o;
-}
+const std::vector<int> kTokens{300, 0, 257, 129};
 
-// The host link (remote rows in pinned host memory) makes the planner's picks fused splits.
+// A layer on the host link (remote rows in pinned host memory) whose planner picks are fused splits
+// (fused_picks_table: the cost model's own pick is the sequential schedule for some launches on some
+// GPUs), with the check on unless the options say otherwise.
 struct CheckedLayer {
   LocalTeam team{4, Link::host};
   TestLayer layer;
-  explicit CheckedLayer(const MoeOptions& o = checking_options(), uint64_t seed = 31)
-      : layer(team, kSmallSwiglu, Parallel{4, 1}, {300, 0, 257, 129}, RoutingKind::uniform, seed, o) {
+  static MoeOptions with_table(Team& team, MoeOptions o) {
+    o.tune_table = fused_picks_table(team, kSmallSwiglu, Parallel{4, 1}, kTokens);
+    return o;
+  }
+  static MoeOptions checking() {
+    MoeOptions o;
+    o.check_schedule = true;
+    return o;
+  }
+  explicit CheckedLayer(const MoeOptions& o = checking(), uint64_t seed = 31)
+      : layer(team, kSmallSwiglu, Parallel{4, 1}, kTokens, RoutingKind::uniform, seed, with_table(team, o)) {
     team.set_timeout(5.0);
   }
   MoeEngine& engine() { return layer.fused.engine(); }
@@ -83,7 +90,7 @@ TEST(ScheduleCheck, TimesBothSchedulesThenKeepsOneAndStaysRight) {
 }
 
 TEST(ScheduleCheck, AForcedCommBlockCountIsNotChecked) {
-  MoeOptions o = checking_options();
+  MoeOptions o = CheckedLayer::checking();
   o.layer0 = forced(256, 4);
   o.layer1 = forced(256, 4);
   CheckedLayer c(o);

@@ -69,11 +69,11 @@ std::string GroupRunner::run_backward(const CaseInput& in, const RankBatch& b0, 
     auto& forward = comet_forward;
     auto& backward = comet_backward;
     if (o_.check_schedule) {  // the check's launches before any timing (--check-schedule; run_case has the forward's)
-      for (int i = 0; i < 30; ++i) {
+      for (int i = 0; i < 30; ++i) {  // each step synchronised, as in run_case
         forward();
         backward();
+        moe_->sync_and_check();
       }
-      moe_->sync_and_check();
     }
     auto up_to_gates = [&] {
       moe.stage_grad(0, g0);

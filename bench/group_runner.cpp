@@ -324,13 +324,13 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   // --check-schedule: the check's launches (MoeOptions::check_schedule: 12 per launch, their times read
   // back at later calls) before any tuned timing, so that the tuned records time its verdicts.
   if (o_.check_schedule && want_comet && (L0 || L1 || FWD)) {
-    for (int i = 0; i < 30; ++i) {
+    for (int i = 0; i < 30; ++i) {  // each call synchronised: its times are in at the next call's query
       moe.prepare(0);
       moe.layer0(0, LayerMode::fused, tuned(tuned_tn));
       moe.layer1(0, LayerMode::fused, tuned(tuned_tn));
       moe.finish(0, b0);
+      moe_->sync_and_check();
     }
-    moe_->sync_and_check();
   }
 
   // ---- comet: gemm_only, the fused n_comm sweep, comm_only at the best n_comm (or every one).

@@ -31,7 +31,10 @@ class LaunchTimer {
   // Every ended launch whose end event has completed: its time into `check`, its slot freed.
   void poll(ScheduleCheck& check);
 
-  static constexpr int kSlots = 16;  // timed launches in flight per rank (a check needs 2 x (samples + 1))
+  // Timed launches in flight per rank. A host that runs ahead of the GPU can have every timed launch of
+  // the four launches' checks in flight at once (4 x 2 x 5); 16 starved a benchmark loop without
+  // synchronisation on the H100 (its later launches went untimed and were owed again).
+  static constexpr int kSlots = 64;
 
  private:
   struct Slot {

@@ -205,7 +205,10 @@ TEST(BadInput, AllocatorRefusalGivesBackWhatTheLayerTook) {
   refuse.allocator.release = [](void* p) { cudaFree(p); };
   expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, cap, refuse); }, "returned null");
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
-  EXPECT_GE(free_after + (8u << 20), free_before) << "MB not given back: " << (free_before - free_after) / 1e6;
+  // The GPU's free memory also moves with other processes on it (the device scripts run 3-4 test shards
+  // at once: 12.6 MB of drift failed an 8 MB margin on the H100, 2026-12-07); the leak this guards
+  // against was ~200 MB.
+  EXPECT_GE(free_after + (64u << 20), free_before) << "MB not given back: " << (free_before - free_after) / 1e6;
   FusedMoe again(team, kSmallSwiglu, Parallel{2, 1}, cap);  // the team still builds layers
 }
 

@@ -88,7 +88,8 @@ struct MoeOptions {
   // schedules of one launch need not agree across ranks). Nothing is timed while a CUDA graph is
   // captured (the pick runs there, or a verdict already reached). Both schedules give correct results;
   // where the sequential one runs a CUTLASS GEMM from the table, other bits than the fused one's. Off
-  // by default until it has run on a GPU (tests/gpu/ops/schedule_check_test.cpp).
+  // by default: two runs may settle differently (the verdict rests on timings), so with such a GEMM
+  // their bits could differ.
   bool check_schedule = false;
   // Forwards keep what backward() needs: the gathered tokens A, the hidden rows, and layer 0's
   // pre-activations (one more [max_rows][w0 rows of the shard] bf16 buffer per rank, allocated here),

@@ -95,7 +95,7 @@ class MoELayer(nn.Module):
     cublas_backward: whether the backward's GEMMs with no comm beside them run cuBLAS (comet.FusedMoE; None,
     the default: where a rank has at most 2 local experts).
     check_schedule=True: time the tuner's fused picks against the sequential schedule on the first calls
-    and keep the faster per launch and token bucket (comet.FusedMoE; off by default, not yet run on a GPU).
+    and keep the faster per launch and token bucket (comet.FusedMoE; off by default: runs may settle differently).
     transport: "peer" (default) or "nvshmem" (NVSHMEM device gets and puts; a team on NVSHMEM's heap,
     bf16: comet.FusedMoE).
     w0 and w1 carry Megatron's expert marker, ``allreduce`` (False under EP: their gradients are reduced over

@@ -201,7 +201,9 @@ class FusedMoE:
       timed with CUDA events read back at later calls without waiting; then it keeps whichever had the
       lower median (the sequential schedule only where it was 2 % faster). For a node the shipped table
       did not measure (real NVLink, another GPU). Nothing is timed under CUDA-graph capture;
-      last_decision(layer)["schedule"] shows what a launch ran. Off by default: it has not run on a GPU yet.
+      last_decision(layer)["schedule"] shows what a launch ran. Off by default: two runs may settle
+      differently, and where the sequential schedule runs another GEMM (a table's CUTLASS pick) the bits
+      then differ between them.
     gradient_accumulation_fusion=True (training; Megatron's option of that name): the backward adds the
       weight gradients straight into the weights' ``main_grad`` buffers (fp32 or bf16, of the weights'
       shapes; Megatron's DistributedDataParallel gives every parameter one) instead of returning bf16

@@ -29,7 +29,7 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   std::set<int> worlds, topks_equal_e;
   bool tp = false, ep_tp = false, top1 = false, top8 = false, k_is_e = false, host = false, device = false;
   bool tight = false, training = false, forced = false, tuned = false, odd_h = false, gelu = false, silu = false;
-  int fp8 = 0, fp8_ep_tp = 0, fp8_host = 0, fused_act = 0, two_pass = 0;
+  int fp8 = 0, fp8_ep_tp = 0, fp8_host = 0, fused_act = 0, two_pass = 0, checked = 0, checked_training = 0;
   for (uint64_t seed = 1; seed <= 3000; ++seed) {
     const Family f = draw_family(seed);
     const MoeShape& s = f.shape;
@@ -50,6 +50,9 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
     if (f.fused_activation) ASSERT_TRUE(f.options.training) << describe(f);
     fused_act += f.fused_activation;
     two_pass += f.options.training && !f.fused_activation;
+    if (f.options.check_schedule) ASSERT_FALSE(f.options.batch_invariant) << describe(f);
+    checked += f.options.check_schedule;
+    checked_training += f.options.check_schedule && f.options.training;
     forced |= f.options.layer0.n_comm.has_value();
     tuned |= !f.options.layer1.n_comm.has_value();
     odd_h |= s.hidden % 64 != 0;
@@ -70,6 +73,8 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   EXPECT_GT(fp8_host, 20);
   EXPECT_GT(fused_act, 300);  // about half of the ~40 % training families, each way
   EXPECT_GT(two_pass, 300);
+  EXPECT_GT(checked, 400);  // a quarter of the ~80 % families without batch_invariant
+  EXPECT_GT(checked_training, 150);
   EXPECT_EQ(worlds, (std::set<int>{1, 2, 4, 8}));
   EXPECT_TRUE(tp && ep_tp && top1 && top8 && k_is_e && host && device && tight && training && forced && tuned && odd_h &&
               gelu && silu);

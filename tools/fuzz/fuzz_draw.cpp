@@ -103,6 +103,11 @@ Family draw_family(uint64_t seed) {
     // Layer 0's 320-wide tile in place of a forced 256 a third of the time (bf16), likewise.
     auto tile_rng = generator(seed, ~uint64_t(2));
     if (o.dtype == DType::bf16 && o.layer0.tile_n == 256 && chance(tile_rng, 1.0 / 3)) o.layer0.tile_n = 320;
+    // The schedule check (its first launches alternate the fused pick and the sequential schedule, so a
+    // family's batches run both against the reference) in a quarter of the families, likewise; not with
+    // batch_invariant, whose bitwise comparisons across batches it is not made for.
+    auto check_rng = generator(seed, ~uint64_t(3));
+    o.check_schedule = !o.batch_invariant && chance(check_rng, 0.25);
     return f;
   }
 }
@@ -210,7 +215,8 @@ std::string describe(const Family& f) {
      << ", store lag " << f.options.dispatch_store_lag
      << (f.options.training ? (f.grad_type == GradType::f32 ? ", training (f32 grads)" : ", training (bf16 grads)") : "")
      << (f.options.dtype == DType::e4m3 ? ", fp8 layer 0" : "")
-     << (f.fused_activation ? ", activation backward in the epilogue" : "");
+     << (f.fused_activation ? ", activation backward in the epilogue" : "")
+     << (f.options.check_schedule ? ", schedule check" : "");
   return os.str();
 }
 

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "comet/cuda_check.hpp"
+#include "ops/stream_capture.hpp"
 
 namespace comet {
 
@@ -13,9 +14,7 @@ HostPlanCounts::~HostPlanCounts() {
 
 void HostPlanCounts::read_async(const PlanView& plan, int local_experts, cudaStream_t stream) {
   pending_ = false;
-  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
-  COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone) return;
+  if (stream_capturing(stream)) return;
   if (!words_ || local_experts != local_experts_) {
     if (words_) COMET_CUDA_CHECK(cudaFreeHost(words_));
     words_ = nullptr;

@@ -3,6 +3,7 @@
 #include "ops/moe_engine.hpp"
 #include "ops/launch_schedule.hpp"
 #include "ops/rank_state.hpp"
+#include "ops/stream_capture.hpp"
 
 #include <algorithm>
 #include <cstdlib>
@@ -421,16 +422,6 @@ const LaunchDecision& MoeEngine::decision(int layer, int rank, LayerMode mode, c
   return planner_.plan(layer, mode, state(rank).tokens, request).decision;
 }
 
-namespace {
-
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  COMET_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
-}  // namespace
-
 const PlannedLaunch& MoeEngine::checked_plan(RankState& s, int launch, LayerMode mode, const LayerRequest& request,
                                              TimedLaunch& timed) const {
   const LayerRequest r = launch >= 2 ? transport_request(launch, request) : request;
@@ -442,7 +433,7 @@ const PlannedLaunch& MoeEngine::checked_plan(RankState& s, int launch, LayerMode
   ScheduleCheck& check = *s.schedule_check;
   const ScheduleCheckKey key{launch, tokens_bucket(s.tokens)};
   ScheduleCheck::Next next{check.verdict(key).value_or(ScheduleArm::pick), false};
-  if (!capturing(s.stream)) {  // under capture: no event query, nothing timed
+  if (!stream_capturing(s.stream)) {  // under capture: no event query, nothing timed
     s.launch_timer.poll(check);
     next = check.next(key);
   }

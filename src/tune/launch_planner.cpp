@@ -238,17 +238,16 @@ WeightGradKernel LaunchPlanner::picked_weight_grad_tiles(WeightGradKernel k, int
 
 WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel requested, int n) const {
   if (requested != WeightGradKernel::automatic) return requested;
-  auto narrow = [n, this](WeightGradKernel k) { return picked_weight_grad_tiles(k, n); };
   TuneKey k = key(kWeightGradLaunch, tokens);
   for (Link link : {link_, link_ == Link::host ? Link::device : Link::host}) {
     k.link = link;
     if (const TuneEntry* e = table_.find(k); e && e->variant.weight_grad != WeightGradKernel::automatic)
-      return narrow(e->variant.weight_grad);
+      return picked_weight_grad_tiles(e->variant.weight_grad, n);
   }
   const int local_experts = par_.local_experts(shape_);
   const double rows_per_expert = expected_rows(shape_, par_, tokens) / local_experts;
   if (rows_per_expert <= 2048 && local_experts >= 2 && par_.ffn_shard(shape_) >= 512) return WeightGradKernel::grouped;
-  if (rows_per_expert >= 4096 && shape_.hidden >= 3072) return narrow(WeightGradKernel::grouped_cooperative);
+  if (rows_per_expert >= 4096 && shape_.hidden >= 3072) return picked_weight_grad_tiles(WeightGradKernel::grouped_cooperative, n);
   return WeightGradKernel::persistent;
 }
 

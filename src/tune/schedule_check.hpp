@@ -14,6 +14,7 @@
 #include <compare>
 #include <map>
 #include <optional>
+#include <utility>
 #include <vector>
 
 namespace comet {

@@ -37,8 +37,9 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            picked_by fused_act
   --standalone-gemms       also time each GEMM that layers 1-3 may run alone (gemm_only, or the
                            sequential schedule's GEMM launch): records of modes gemm_comet, gemm_grouped,
-                           gemm_grouped_cooperative, gemm_grouped_160 and gemm_grouped_320 (CUTLASS's) beside
-                           gemm_only (the planner's pick, named in picked_by), for l1-l3 and for dgrad
+                           gemm_grouped_cooperative, gemm_grouped_160 and gemm_grouped_320 (CUTLASS's) and
+                           gemm_cublas (one cublasGemmEx per expert) beside gemm_only (the planner's pick,
+                           named in picked_by), for l1-l3 and for dgrad
   --one-launch-ab          with --paired, where the tuned layer 1 takes the sequential schedule with our
                            GEMM: also that schedule the other way (one launch <-> a GEMM launch and a
                            combine launch, LayerRequest::one_launch), in the same rotation as the tuned

@@ -60,7 +60,8 @@ struct MoeOptions {
   // unchanged; a uniform batch keeps the host's pick. Off: the host's pick for uniform routing always.
   bool adaptive_split = true;
   // One token's output must not depend on the batch it came in (the same bits whatever the token count):
-  // the tile shape is then chosen from the layer's shape alone, never per token bucket from the table.
+  // the tile shape is then chosen from the layer's shape alone, never per token bucket from the table,
+  // and a table's cuBLAS pick (StandaloneGemm::cublas, which picks its kernel by the rows) runs ours.
   // Results are already independent of n_comm, groups, repeats and the other tokens' routing.
   bool batch_invariant = false;
   // Where N is narrow (comet/variant.hpp: prefers_320_tiles; Qwen2-57B and Phi-3.5 at TP 8), the

@@ -83,17 +83,25 @@ enum class StandaloneGemm {
   grouped_cooperative,  // CUTLASS's grouped GEMM, cooperative 128 x 256 tiles in 2 x 1 clusters
   grouped_160,          // CUTLASS's grouped GEMM, cooperative 128 x 160 tiles in 2 x 1 clusters (narrow N)
   grouped_320,          // CUTLASS's grouped GEMM, cooperative 128 x 320 tiles in 2 x 1 clusters (narrow N)
+  // cuBLAS, one cublasGemmEx per expert with rows. Needs each expert's rows on the host: a copy of the
+  // plan's counts, enqueued after the plan build and waited for before the launch (under CUDA-graph
+  // capture, or where cuBLAS cannot be loaded, our kernel runs instead). Not our kernel's bits.
+  cublas,
 };
 // Every StandaloneGemm, ours first (what a sweep times and a table may name).
 inline constexpr StandaloneGemm kStandaloneGemms[] = {StandaloneGemm::comet, StandaloneGemm::grouped,
                                                       StandaloneGemm::grouped_cooperative, StandaloneGemm::grouped_160,
-                                                      StandaloneGemm::grouped_320};
+                                                      StandaloneGemm::grouped_320, StandaloneGemm::cublas};
+// CUTLASS's grouped GEMMs sum K in our kernel's order (fp32, one rounding to bf16): the same bits, so
+// picking one never changes a result. cuBLAS's kernels sum in their own order.
+inline constexpr bool gives_our_bits(StandaloneGemm g) { return g != StandaloneGemm::cublas; }
 inline const char* to_string(StandaloneGemm g) {
   switch (g) {
     case StandaloneGemm::grouped: return "grouped";
     case StandaloneGemm::grouped_cooperative: return "grouped_cooperative";
     case StandaloneGemm::grouped_160: return "grouped_160";
     case StandaloneGemm::grouped_320: return "grouped_320";
+    case StandaloneGemm::cublas: return "cublas";
     case StandaloneGemm::comet: break;
   }
   return "comet";

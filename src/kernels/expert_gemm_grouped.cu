@@ -27,6 +27,7 @@ void launch_expert_gemm_grouped(const ExpertGemmLaunch& l, cudaStream_t stream) 
     case StandaloneGemm::grouped_320:
       return expert_grouped::launch_320(l, stream);
     case StandaloneGemm::comet:
+    case StandaloneGemm::cublas:  // MoeEngine::standalone_gemm runs it
       break;
   }
   throw InvalidArgument("expert GEMM (grouped): not a grouped GEMM");

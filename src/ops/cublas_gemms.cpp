@@ -37,13 +37,13 @@ CublasApi load() {
 
 const CublasApi& api() {
   static const CublasApi a = load();
-  COMET_REQUIRE(a.handle, "MoeOptions::cublas_backward: cuBLAS could not be loaded (", a.error,
-                "); set COMET_CUBLAS_LIB to libcublas.so.13");
+  COMET_REQUIRE(a.handle, "comet's cuBLAS GEMMs (MoeOptions::cublas_backward, a table's cublas pick): cuBLAS could ",
+                "not be loaded (", a.error, "); set COMET_CUBLAS_LIB to libcublas.so.13");
   return a;
 }
 
 void check(cublasStatus_t s, const char* what) {
-  COMET_REQUIRE(s == CUBLAS_STATUS_SUCCESS, "MoeOptions::cublas_backward: ", what, " failed (cuBLAS status ", int(s),
+  COMET_REQUIRE(s == CUBLAS_STATUS_SUCCESS, "comet's cuBLAS GEMMs: ", what, " failed (cuBLAS status ", int(s),
                 ")");
 }
 
@@ -70,8 +70,10 @@ void* CublasExpertGemms::handle_for(cudaStream_t stream) {
 // cuBLAS is column-major: a row-major [r][c] matrix is a column-major c x r one. So out_e [rows][n] =
 // a_e [rows][k] w_e [k][n] is out^T (n x rows) = w_e^T (n x k, w_e as stored, OP_N, ld n) a_e^T (k x rows,
 // OP_N, ld k).
-void CublasExpertGemms::data_gemm(cudaStream_t stream, const ExpertRows& e, const void* a, int k, const void* w, int n,
-                                  void* out) {
+// Column-major, out_e^T (n x rows) = W (n x k) a_e^T (k x rows, ld k), where W is w_e^T stored [k][n]
+// (w_kn: column-major n x k, OP_N, ld n) or w_e stored [n][k] (column-major k x n, OP_T, ld k).
+void CublasExpertGemms::data_gemm(cudaStream_t stream, const ExpertRows& e, const void* a, int k, const void* w,
+                                  bool w_kn, int n, void* out) {
   auto h = static_cast<cublasHandle_t>(handle_for(stream));
   const float one = 1.f, zero = 0.f;
   for (size_t x = 0; x < e.rows.size(); ++x) {
@@ -79,8 +81,9 @@ void CublasExpertGemms::data_gemm(cudaStream_t stream, const ExpertRows& e, cons
     const auto* a_e = static_cast<const uint16_t*>(a) + size_t(e.offset[x]) * k;
     const auto* w_e = static_cast<const uint16_t*>(w) + x * size_t(k) * n;
     auto* out_e = static_cast<uint16_t*>(out) + size_t(e.offset[x]) * n;
-    check(api().gemm_ex(h, CUBLAS_OP_N, CUBLAS_OP_N, n, e.rows[x], k, &one, w_e, CUDA_R_16BF, n, a_e, CUDA_R_16BF, k,
-                        &zero, out_e, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+    check(api().gemm_ex(h, w_kn ? CUBLAS_OP_N : CUBLAS_OP_T, CUBLAS_OP_N, n, e.rows[x], k, &one, w_e, CUDA_R_16BF,
+                        w_kn ? n : k, a_e, CUDA_R_16BF, k, &zero, out_e, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT),
           "cublasGemmEx (expert GEMM)");
   }
 }

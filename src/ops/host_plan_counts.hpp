@@ -33,6 +33,10 @@ class HostPlanCounts {
   // Waits for the last copy. False where none was enqueued, the plan recorded an error or the counts do
   // not fit `rows_cap` rows: the device-shaped kernels then run (and the error is reported as usual).
   bool wait(int rows_cap, ExpertRows& out) const;
+  // Whether a copy was enqueued since the last clear (wait may be called for it, any number of times).
+  bool pending() const { return pending_; }
+  // Forgets the last copy (a new plan was built and not read).
+  void clear() { pending_ = false; }
   // read_async + wait: throws DeviceReportedError where the plan recorded bad routing, InvalidArgument
   // under graph capture (a host read cannot be captured).
   ExpertRows read(const PlanView& plan, int local_experts, int num_experts, cudaStream_t stream);

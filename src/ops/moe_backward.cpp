@@ -123,10 +123,9 @@ void MoeEngine::grad_layer1(int rank, LayerMode mode, const LayerRequest& reques
   run_schedule(l, d, /*pull=*/true, par_.world(), launch, [&](const auto& x) {
     // The fused activation backward lives in our kernel's epilogue; a plain D = G W1_e may be CUTLASS's.
     if (l.fused_activation) return launch(x);
-    if (s.cublas_rows)
-      return s.cublas->data_gemm(s.stream, *s.cublas_rows, s.grad_rows, shape_.hidden, l.w1, l.ffn_shard, l.d);
-    if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
-    grouped_expert_gemm(s, d.standalone_gemm, s.grad_rows, shape_.hidden, l.w1, /*w_kn=*/true, l.ffn_shard, l.d);
+    s.last[2].standalone_gemm =
+        standalone_gemm(s, d.standalone_gemm, s.grad_rows, shape_.hidden, l.w1, /*w_kn=*/true, l.ffn_shard, l.d);
+    if (s.last[2].standalone_gemm == StandaloneGemm::comet) launch(x);
   });
   if (mode == LayerMode::comm_only) return;
   if (l.fused_activation) {  // the epilogue did the activation's backward, one partial per N-block
@@ -239,9 +238,8 @@ void MoeEngine::run_grad_layer0(RankState& s, const PlannedLaunch& planned, Laye
   l.split = grid_split(s, planned, mode, 3);
   auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
-    if (s.cublas_rows) return s.cublas->data_gemm(s.stream, *s.cublas_rows, l.dpre, l.n0, l.w0, H, l.y);
-    if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
-    grouped_expert_gemm(s, d.standalone_gemm, l.dpre, l.n0, l.w0, /*w_kn=*/true, H, l.y);  // dA = dPre W0_e
+    s.last[3].standalone_gemm = standalone_gemm(s, d.standalone_gemm, l.dpre, l.n0, l.w0, /*w_kn=*/true, H, l.y);  // dA = dPre W0_e
+    if (s.last[3].standalone_gemm == StandaloneGemm::comet) launch(x);
   });
 }
 
@@ -274,7 +272,7 @@ void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o
   // MoeOptions::cublas_backward: the standalone GEMMs below run cuBLAS with the rows the forward read
   // back (this waits for that copy; an empty result keeps the device-shaped kernels).
   s.cublas_rows.reset();
-  if (s.cublas) {
+  if (s.cublas_backward) {
     ExpertRows rows;
     if (s.host_counts.wait(cap_.max_rows_per_rank, rows)) s.cublas_rows = std::move(rows);
   }
@@ -346,7 +344,7 @@ void MoeEngine::backward_on(const std::vector<RankGrad>& grads, cudaStream_t str
 void* MoeEngine::pre_activation(int rank) const { return compute_state(rank).pre; }
 void* MoeEngine::grad_gathered(int rank) const { return compute_state(rank).grad_rows; }
 float* MoeEngine::gate_partials(int rank) const { return compute_state(rank).gate_partials; }
-bool MoeEngine::cublas_backward(int rank) const { return compute_state(rank).cublas != nullptr; }
+bool MoeEngine::cublas_backward(int rank) const { return compute_state(rank).cublas_backward; }
 
 void FusedMoe::backward(const RankGrad& grad, cudaStream_t stream, const BackwardOptions& options) {
   COMET_REQUIRE(engine_->team().local_ranks().size() == 1, "FusedMoe::backward(grad, stream): this process drives ",

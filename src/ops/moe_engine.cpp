@@ -214,8 +214,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
         try {
           s->cublas = std::make_unique<CublasExpertGemms>();
         } catch (const InvalidArgument&) {  // the rule's pick, and no cuBLAS here: comet's kernels
+          s->cublas_missing = true;
         }
       }
+      s->cublas_backward = s->cublas != nullptr;
       s->pre = alloc(*s, size_t(rows) * w0_shard_rows() * 2);
       s->grad_rows = alloc(*s, size_t(rows) * row_bytes);
       s->gate_partials = static_cast<float*>(alloc(*s, size_t(rows) * gate_blocks() * sizeof(float)));
@@ -375,7 +377,9 @@ void MoeEngine::prepare(int rank) {
   }
 #endif
   s.plan.build(nvshmem_transport() ? s.mirror_slots : team_.peer_ptrs(routing_sym_, rank), s.stream);
-  if (s.cublas) s.host_counts.read_async(s.plan.view(), par_.local_experts(shape_), s.stream);  // no wait here
+  // cuBLAS's GEMMs need the rows on the host: the copy starts now, each launch that runs them waits for it.
+  if (wants_host_rows(s)) s.host_counts.read_async(s.plan.view(), par_.local_experts(shape_), s.stream);
+  else s.host_counts.clear();
   kernels::advance_epoch(s.sync.epoch, s.stream);
   if (s.tokens > 0) {
     // bf16 rows come from the caller's x; records from the exported buffer stage() quantised them into.
@@ -542,8 +546,9 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   l.split = grid_split(s, planned, mode, 1);
   auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
-    if (d.standalone_gemm == StandaloneGemm::comet) return launch(x);
-    grouped_expert_gemm(s, d.standalone_gemm, l.hid, l.ffn_shard, l.w1, /*w_kn=*/false, H, l.y);  // Y = h W1_e^T
+    // Y = h W1_e^T
+    s.last[1].standalone_gemm = standalone_gemm(s, d.standalone_gemm, l.hid, l.ffn_shard, l.w1, /*w_kn=*/false, H, l.y);
+    if (s.last[1].standalone_gemm == StandaloneGemm::comet) launch(x);
   });
 }
 
@@ -645,6 +650,47 @@ void MoeEngine::ship_gate_grads(const RankState& s, const kernels::ShipGateGrads
     return kernels::nvshmem::ship_gate_grads(a, nvshmem_args(team_, staging_sym_, s.rank), s.stream);
 #endif
   kernels::ship_gate_grads(a, s.stream);
+}
+
+bool MoeEngine::wants_host_rows(const RankState& s) const {
+  if (s.cublas_backward) return true;
+  if (s.cublas_missing) return false;
+  for (int launch : {1, 2, 3}) {
+    if (launch >= 2 && !options_.training) break;
+    const LayerRequest r = launch >= 2 ? transport_request(launch, {}) : LayerRequest{};
+    if (planner_.plan(launch, LayerMode::fused, s.tokens, r).decision.standalone_gemm == StandaloneGemm::cublas)
+      return true;
+  }
+  return false;
+}
+
+const ExpertRows* MoeEngine::host_rows(RankState& s, ExpertRows& scratch) const {
+  if (s.cublas_rows) return &*s.cublas_rows;  // the backward's, waited for once
+  if (!s.cublas && !s.cublas_missing) {
+    try {
+      s.cublas = std::make_unique<CublasExpertGemms>();
+    } catch (const InvalidArgument&) {  // no cuBLAS here: our kernel
+      s.cublas_missing = true;
+    }
+  }
+  if (!s.cublas) return nullptr;
+  // Not read after this plan's build (a request the default plan did not foresee): read now, which waits
+  // for the launches before it on the stream. Under graph capture there is no read: our kernel.
+  if (!s.host_counts.pending()) s.host_counts.read_async(s.plan.view(), par_.local_experts(shape_), s.stream);
+  return s.host_counts.wait(cap_.max_rows_per_rank, scratch) ? &scratch : nullptr;
+}
+
+StandaloneGemm MoeEngine::standalone_gemm(RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w,
+                                          bool w_kn, int n, void* out) const {
+  if (gemm == StandaloneGemm::cublas || s.cublas_rows) {
+    ExpertRows scratch;
+    const ExpertRows* rows = host_rows(s, scratch);
+    if (!rows) return StandaloneGemm::comet;
+    s.cublas->data_gemm(s.stream, *rows, a, k, w, w_kn, n, out);
+    return StandaloneGemm::cublas;
+  }
+  if (gemm != StandaloneGemm::comet) grouped_expert_gemm(s, gemm, a, k, w, w_kn, n, out);
+  return gemm;
 }
 
 void MoeEngine::grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w,

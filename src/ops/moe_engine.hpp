@@ -27,6 +27,7 @@
 namespace comet {
 
 class TimedLaunch;  // ops/launch_timer.hpp
+struct ExpertRows;  // ops/host_plan_counts.hpp
 
 // A sub-range of the plan's units (baselines that pipeline the layer in chunks); {-1, -1}: all.
 struct UnitRange {
@@ -205,8 +206,20 @@ class MoeEngine {
   void run_grad_layer0(RankState& s, const PlannedLaunch& planned, LayerMode mode, UnitRange units);
   // The grid split of a launch of `layer` on a rank, from the planner's decision.
   kernels::GridSplit grid_split(const RankState& s, const PlannedLaunch& planned, LayerMode mode, int layer) const;
-  // A standalone expert GEMM (LaunchDecision::standalone_gemm, not comet) on the rank's stream: out rows
-  // of expert e = its rows of A [rows][k] times W_e ([k][n] if w_kn, else [n][k]).
+  // A launch's standalone GEMM (LaunchDecision::standalone_gemm) on the rank's stream: out rows of expert
+  // e = its rows of A [rows][k] times W_e ([k][n] if w_kn, else [n][k]). CUTLASS's grouped GEMM, or
+  // cuBLAS (the pick, or the backward's rule) with the rows on the host. Returns the GEMM it ran; comet:
+  // the caller runs ours (the pick is ours, or cuBLAS has no rows (graph capture, a refused plan) or
+  // cannot be loaded).
+  StandaloneGemm standalone_gemm(RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w, bool w_kn,
+                                 int n, void* out) const;
+  // Whether a launch of this plan may run cuBLAS's GEMMs: the backward's rule, or a default plan of
+  // layer 1 (and, training, the backward's launches) that picks StandaloneGemm::cublas.
+  bool wants_host_rows(const RankState& s) const;
+  // The plan's per-expert rows on the host for cuBLAS (loading cuBLAS on first use): the backward's, else
+  // the copy prepare() started (started now where it did not), into `scratch`. Null: our kernel runs.
+  const ExpertRows* host_rows(RankState& s, ExpertRows& scratch) const;
+  // CUTLASS's grouped GEMM `gemm` (standalone_gemm's).
   void grouped_expert_gemm(const RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w, bool w_kn,
                            int n, void* out) const;
 

@@ -65,11 +65,15 @@ struct MoeEngine::RankState {
   size_t gemm_workspace_bytes = 0;
   void* wgrad_workspace = nullptr;  // two grouped weight-gradient launches' workspaces (dW1, dW0)
   size_t wgrad_workspace_bytes = 0;  // of each
-  // MoeOptions::cublas_backward: the plan's per-expert rows on the host (read after each forward's plan
-  // build), cuBLAS's handles, and the rows grad_steps runs the standalone GEMMs with (empty: the
-  // device-shaped kernels, e.g. under graph capture).
+  // cuBLAS's GEMMs (MoeOptions::cublas_backward, a table's StandaloneGemm::cublas pick): the plan's
+  // per-expert rows on the host (read after each forward's plan build where a launch may want them),
+  // cuBLAS's handles (loaded on first use; cublas_missing where that failed: our kernels run), whether
+  // the backward runs its standalone GEMMs and weight gradients on cuBLAS, and the rows grad_steps runs
+  // them with (empty: the device-shaped kernels, e.g. under graph capture).
   HostPlanCounts host_counts;
   std::unique_ptr<CublasExpertGemms> cublas;
+  bool cublas_missing = false;
+  bool cublas_backward = false;
   std::optional<ExpertRows> cublas_rows;
   bool saved = false;             // the last forward kept its activations and no backward used them yet
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)

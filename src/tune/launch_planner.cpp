@@ -109,6 +109,9 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
     const TunedVariant t = pick_variant(table_, key(layer, picked_tokens), work, r);
     v = t.variant;
     d.picked_by = t.picked_by;
+    // cuBLAS picks its kernel by the rows it is given, so a token's bits would follow its expert's load.
+    if (policy_.batch_invariant && !r.standalone_gemm && v.standalone_gemm == StandaloneGemm::cublas)
+      v.standalone_gemm = StandaloneGemm::comet;
     // A transport without layer 0's 320-wide kernel runs a table's 320 pick on the widest one it has.
     if (v.tile_n == 320 && !policy_.layer0_tile_320 && !r.tile_n) v.tile_n = 256;
     COMET_REQUIRE(is_compiled_tile(layer, v.tile_n, dtype, policy_), "FusedMoe ", name,

@@ -419,6 +419,32 @@ TEST(LaunchPlanner, StandaloneGemmOnlyWhereTheGemmRunsAlone) {
   EXPECT_EQ(p.plan(1, LayerMode::fused, 4096, seq_coop).decision.standalone_gemm, StandaloneGemm::grouped_cooperative);
 }
 
+// A table's cuBLAS pick reaches the sequential schedule of layers 1-3 (never layer 0's, whose GEMM applies
+// the activation), and is a launch of its own: no one-launch schedule, whatever the entry says.
+TEST(LaunchPlanner, CublasPickIsTheSequentialSchedulesGemmInALaunchOfItsOwn) {
+  TuneTable t;
+  LayerVariant v{256, 0, 0, 1, StandaloneGemm::cublas};
+  v.one_launch = true;
+  const LaunchPlanner probe = planner(Parallel{8, 1});
+  for (int layer : {0, 1, 2, 3}) t.put(probe.key(layer, 4096), TuneEntry{v, 1.0});
+  const LaunchPlanner p = planner(Parallel{8, 1}, t);
+  for (int layer : {1, 2, 3}) {
+    const LaunchDecision& d = p.plan(layer, LayerMode::fused, 4096, LayerRequest{}).decision;
+    EXPECT_EQ(d.schedule, Schedule::sequential) << layer;
+    EXPECT_EQ(d.standalone_gemm, StandaloneGemm::cublas) << layer;
+    EXPECT_FALSE(d.one_launch) << layer;
+  }
+  EXPECT_EQ(p.plan(0, LayerMode::fused, 4096, LayerRequest{}).decision.standalone_gemm, StandaloneGemm::comet);
+  // Batch-invariant results: cuBLAS picks its kernel by the rows, so ours runs instead (unless asked for).
+  const LaunchPlanner invariant(kMixtral, Parallel{8, 1}, Link::host, h200_like(), t, PlannerPolicy{true, true});
+  EXPECT_EQ(invariant.plan(1, LayerMode::fused, 4096, LayerRequest{}).decision.standalone_gemm, StandaloneGemm::comet);
+  LayerRequest asked = with_gemm(LayerRequest{}, StandaloneGemm::cublas);
+  asked.n_comm = 0;
+  EXPECT_EQ(invariant.plan(1, LayerMode::fused, 4096, asked).decision.standalone_gemm, StandaloneGemm::cublas);
+  EXPECT_FALSE(gives_our_bits(StandaloneGemm::cublas));
+  EXPECT_TRUE(gives_our_bits(StandaloneGemm::grouped_160));
+}
+
 // 128 x 320 tiles where N is narrow (variant.hpp: prefers_320_tiles): 256-wide tiles pad N by a fifth or
 // more and 320-wide ones pad less.
 TEST(LaunchPlanner, TilesOf320WhereNIsNarrow) {

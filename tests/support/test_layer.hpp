@@ -67,26 +67,38 @@ struct TestLayer {
   }
 };
 
-// A tuner table whose entries make every launch (0-3) of a layer of this shape a fused split (tile 256,
-// n_comm 8) at each of these token counts, for tests that need the planner's pick to be fused whatever
-// the cost model would pick on the GPU they run on. Saved to a file of its own; returns its path
-// (MoeOptions::tune_table).
-inline std::string fused_picks_table(Team& team, const MoeShape& shape, const Parallel& par,
-                                     const std::vector<int>& tokens) {
+// A tuner table whose entries give `launches` of a layer of this shape the variant `v` at each of these
+// token counts, for tests that need the planner's pick whatever the cost model would pick on the GPU
+// they run on. Saved to a file of its own; returns its path (MoeOptions::tune_table).
+inline std::string picks_table(Team& team, const MoeShape& shape, const Parallel& par, const std::vector<int>& tokens,
+                               const LayerVariant& v, const std::vector<int>& launches) {
   MoeOptions o;
   o.training = true;  // the backward's launches have keys too
   const int most = std::max(1, *std::max_element(tokens.begin(), tokens.end()));
   FusedMoe probe(team, shape, par, MoeCapacity{most, 0}, o);
   TuneTable table;
   for (int t : std::set<int>(tokens.begin(), tokens.end()))
-    for (int launch = 0; launch < kLaunchLayers; ++launch)
-      table.put(probe.engine().planner().key(launch, std::max(1, t)), TuneEntry{LayerVariant{256, 8, 0, 1}, 1.0});
+    for (int launch : launches) table.put(probe.engine().planner().key(launch, std::max(1, t)), TuneEntry{v, 1.0});
   static int made = 0;
   const std::string path = (std::filesystem::temp_directory_path() /
-                            ("comet_fused_picks_" + std::to_string(getpid()) + "_" + std::to_string(made++) + ".json"))
+                            ("comet_picks_" + std::to_string(getpid()) + "_" + std::to_string(made++) + ".json"))
                                .string();
   table.save(path);
   return path;
+}
+
+// Every launch (0-3) a fused split (tile 256, n_comm 8).
+inline std::string fused_picks_table(Team& team, const MoeShape& shape, const Parallel& par,
+                                     const std::vector<int>& tokens) {
+  return picks_table(team, shape, par, tokens, LayerVariant{256, 8, 0, 1}, {0, 1, 2, 3});
+}
+
+// Launches 1-3 the sequential schedule with cuBLAS's GEMM (StandaloneGemm::cublas).
+inline std::string cublas_picks_table(Team& team, const MoeShape& shape, const Parallel& par,
+                                      const std::vector<int>& tokens) {
+  LayerVariant v{256, 0, 0, 1};
+  v.standalone_gemm = StandaloneGemm::cublas;
+  return picks_table(team, shape, par, tokens, v, {1, 2, 3});
 }
 
 }  // namespace comet::testing

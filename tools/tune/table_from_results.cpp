@@ -101,7 +101,8 @@ void apply_standalone(const std::string& s, Best& b, const std::map<std::string,
   if (!run) return;
   const double ours = run->at(StandaloneGemm::comet) * scale;
   const auto fastest = fastest_gemm(*run);
-  b.v.standalone_gemm = fastest->first != StandaloneGemm::comet && fastest->second < kMeasuredGain * ours
+  const double gain = fastest->first == StandaloneGemm::cublas ? kCublasGain : kMeasuredGain;
+  b.v.standalone_gemm = fastest->first != StandaloneGemm::comet && fastest->second < gain * ours
                             ? fastest->first
                             : StandaloneGemm::comet;
 }
@@ -153,22 +154,29 @@ bool add_standalone(const json& r, int sms, std::map<std::string, StandaloneRuns
 
 // --gemm-runs / --standalone-runs without --from-results: the table's own sequential-mode entries take the
 // width and the standalone GEMM those runs favour (the rules above, with the entry as the sweep's one
-// point). Fused entries stay (no sequential-mode time to scale), as do keys the runs do not cover.
+// point). Fused entries stay (no sequential-mode time to scale), as do keys the runs do not cover and
+// one-launch entries (their GEMM and combine in one launch measured faster than two launches, which
+// another GEMM would be). A GEMM alone does not depend on the link: a run's key refines the entry of the
+// same key on the other link too.
 void refine_entries(const std::map<std::string, TuneKey>& keys,
                     const std::map<std::string, StandaloneRuns>& standalone, const WidthRatios& widths,
                     TuneTable& table) {
-  for (const auto& [s, k] : keys) {
-    const TuneEntry* e = table.find(k);
-    if (!e || e->variant.n_comm != 0) continue;
-    Best b{k, e->variant, e->ms};
-    apply_width(s, b, Points{{{b.v.tile_n, 0}, b}}, widths);
-    apply_standalone(s, b, standalone, widths);
-    if (b.v.tile_n == e->variant.tile_n && b.v.standalone_gemm == e->variant.standalone_gemm) continue;
-    if (b.v.standalone_gemm != e->variant.standalone_gemm)  // apply_width printed a width change
-      std::printf("  %-78s gemm %s -> %s\n", s.c_str(), to_string(e->variant.standalone_gemm),
-                  to_string(b.v.standalone_gemm));
-    table.put(k, TuneEntry{b.v, b.ms});
-  }
+  for (const auto& [s, run_key] : keys)
+    for (Link link : {run_key.link, run_key.link == Link::host ? Link::device : Link::host}) {
+      TuneKey k = run_key;
+      k.link = link;
+      const TuneEntry* e = table.find(k);
+      if (!e || e->variant.n_comm != 0 || e->variant.one_launch) continue;
+      Best b{k, e->variant, e->ms};
+      // The runs are filed under the run's key (the link it ran on).
+      apply_width(s, b, Points{{{b.v.tile_n, 0}, b}}, widths);
+      apply_standalone(s, b, standalone, widths);
+      if (b.v.tile_n == e->variant.tile_n && b.v.standalone_gemm == e->variant.standalone_gemm) continue;
+      if (b.v.standalone_gemm != e->variant.standalone_gemm)  // apply_width printed a width change
+        std::printf("  %-78s gemm %s -> %s\n", k.str().c_str(), to_string(e->variant.standalone_gemm),
+                    to_string(b.v.standalone_gemm));
+      table.put(k, TuneEntry{b.v, b.ms});
+    }
 }
 
 // Best fused variant per key and the calibrated cost model per (gpu, link), from benchmark records.

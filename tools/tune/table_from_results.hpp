@@ -18,6 +18,11 @@ namespace comet::tune_tool {
 // closer is noise (Mixtral EP 4 x TP 2 layer 1 at 4096 tokens "won" at 192 by 0.01 % in run 37's sweep and
 // then ran 15 % slower in the validation; the sequential point was timed with our GEMM).
 constexpr double kMeasuredGain = 0.97;
+// cuBLAS's GEMM is the sequential baseline's: where it is the fastest one measured for a sequential-mode
+// pick, running it makes comet's sequential schedule the baseline's GEMM and our combine, so a smaller
+// lead takes it (1 %: the H100's layer 1 trailed the baseline by 2-3 % where cuBLAS led our GEMM by as
+// much, 2026-12-07, bench/results/h100_cublas_l1_97fc7c1/).
+constexpr double kCublasGain = 0.99;
 
 struct FromResults {
   int sms = 0;                         // > 0: every record's SM count (--sms)

@@ -67,11 +67,10 @@ void* CublasExpertGemms::handle_for(cudaStream_t stream) {
   return h;
 }
 
-// cuBLAS is column-major: a row-major [r][c] matrix is a column-major c x r one. So out_e [rows][n] =
-// a_e [rows][k] w_e [k][n] is out^T (n x rows) = w_e^T (n x k, w_e as stored, OP_N, ld n) a_e^T (k x rows,
-// OP_N, ld k).
-// Column-major, out_e^T (n x rows) = W (n x k) a_e^T (k x rows, ld k), where W is w_e^T stored [k][n]
-// (w_kn: column-major n x k, OP_N, ld n) or w_e stored [n][k] (column-major k x n, OP_T, ld k).
+// cuBLAS is column-major: a row-major [r][c] matrix is a column-major c x r one. So out_e [rows][n] is
+// out^T (n x rows) = W (n x k) a_e^T (k x rows: a_e as stored, OP_N, ld k), where W is the product's
+// right factor transposed: w_e [k][n] as stored (w_kn: column-major n x k, OP_N, ld n), or w_e stored
+// [n][k] (column-major k x n, OP_T, ld k).
 void CublasExpertGemms::data_gemm(cudaStream_t stream, const ExpertRows& e, const void* a, int k, const void* w,
                                   bool w_kn, int n, void* out) {
   auto h = static_cast<cublasHandle_t>(handle_for(stream));

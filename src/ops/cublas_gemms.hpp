@@ -2,10 +2,10 @@
 // StandaloneGemm::cublas pick (any launch's sequential schedule). Where a launch runs a GEMM with no comm
 // blocks beside it (a sequential schedule, the two weight gradients), nothing is left to overlap and the
 // fastest GEMM wins; on one large expert per rank that is cuBLAS (Mixtral-8x7B EP 8: 0.313 ms against
-// CUTLASS's best 0.374, H100). cuBLAS needs each
-// expert's rows on the host, which the device plan keeps on the device: a training forward copies them
-// to pinned memory right after it builds the plan (no wait), and the backward waits for that copy,
-// long done by then (the rest of the forward ran since). cuBLAS is loaded on first use (dlopen of
+// CUTLASS's best 0.374, H100). cuBLAS needs each expert's rows on the host, which the device plan keeps on
+// the device: the forward copies them to pinned memory right after it builds the plan (no wait), and a
+// launch that runs cuBLAS waits for that copy (the backward's: long done by then; layer 1's: done once
+// the plan build is, at the start of layer 0). cuBLAS is loaded on first use (dlopen of
 // libcublas.so.13: $COMET_CUBLAS_LIB, else the soname, which torch has loaded in a Python process), so
 // the library keeps no link dependency on it. Internal (moe_engine.cpp, moe_backward.cpp).
 #pragma once

@@ -238,7 +238,8 @@ void MoeEngine::run_grad_layer0(RankState& s, const PlannedLaunch& planned, Laye
   l.split = grid_split(s, planned, mode, 3);
   auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
-    s.last[3].standalone_gemm = standalone_gemm(s, d.standalone_gemm, l.dpre, l.n0, l.w0, /*w_kn=*/true, H, l.y);  // dA = dPre W0_e
+    // dA = dPre W0_e
+    s.last[3].standalone_gemm = standalone_gemm(s, d.standalone_gemm, l.dpre, l.n0, l.w0, /*w_kn=*/true, H, l.y);
     if (s.last[3].standalone_gemm == StandaloneGemm::comet) launch(x);
   });
 }

@@ -547,7 +547,8 @@ void MoeEngine::layer1(int rank, LayerMode mode, const LayerRequest& request, Un
   auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/false, par_.world(), launch, [&](const auto& x) {
     // Y = h W1_e^T
-    s.last[1].standalone_gemm = standalone_gemm(s, d.standalone_gemm, l.hid, l.ffn_shard, l.w1, /*w_kn=*/false, H, l.y);
+    s.last[1].standalone_gemm =
+        standalone_gemm(s, d.standalone_gemm, l.hid, l.ffn_shard, l.w1, /*w_kn=*/false, H, l.y);
     if (s.last[1].standalone_gemm == StandaloneGemm::comet) launch(x);
   });
 }

@@ -677,9 +677,10 @@ TEST(FusedBackward, TableCublasPicksMatchTheReference) {
     h.run();
     check_gradients(h);
     for (int r = 0; r < c.par.world(); ++r)
-      for (int launch : {1, 2, 3})
-        EXPECT_EQ(h.moe.last_decision(r, launch).standalone_gemm, StandaloneGemm::cublas)
-            << "rank " << r << " launch " << launch << " ran " << to_string(h.moe.last_decision(r, launch).standalone_gemm);
+      for (int launch : {1, 2, 3}) {
+        const StandaloneGemm ran = h.moe.last_decision(r, launch).standalone_gemm;
+        EXPECT_EQ(ran, StandaloneGemm::cublas) << "rank " << r << " launch " << launch << " ran " << to_string(ran);
+      }
     const auto once = h.gradients();
     h.run();
     const auto again = h.gradients();

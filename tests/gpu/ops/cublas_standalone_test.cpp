@@ -12,6 +12,7 @@
 #include "comet/cuda_check.hpp"
 #include "comet/fused_moe.hpp"
 #include "ops/moe_engine.hpp"
+#include "support/captured_graph.hpp"
 #include "support/test_layer.hpp"
 #include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
@@ -107,25 +108,15 @@ TEST(CublasStandalone, UnderGraphCaptureOurKernelRuns) {
   TestLayer layer(team, c.shape, c.par, c.tokens, c.kind, 5, o);
   layer.forward();
   expect_layer1_ran(layer, StandaloneGemm::cublas, "eager");
-  cudaStream_t stream = nullptr;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  COMET_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  layer.fused.forward(layer.batches(), stream);
-  COMET_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+  CapturedGraph graph(cudaStreamCaptureModeGlobal,
+                      [&](cudaStream_t stream) { layer.fused.forward(layer.batches(), stream); });
   expect_layer1_ran(layer, StandaloneGemm::comet, "captured");
-  COMET_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
   layer.poison();
-  COMET_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-  COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+  graph.replay();
   layer.fused.sync_and_check();
   layer.expect_right("replay");
   EXPECT_TRUE(same_bits(ours_bits, layer.outputs())) << "the captured forward did not give our kernel's bits";
   layer.forward();
   expect_layer1_ran(layer, StandaloneGemm::cublas, "eager after the capture");
   layer.expect_right("eager after the capture");
-  COMET_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  COMET_CUDA_CHECK(cudaGraphDestroy(graph));
-  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
 }

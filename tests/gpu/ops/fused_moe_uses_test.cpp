@@ -11,6 +11,7 @@
 
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
+#include "support/captured_graph.hpp"
 #include "support/layer_checks.hpp"
 #include "support/test_layer.hpp"
 #include "support/test_shapes.hpp"
@@ -121,14 +122,8 @@ TEST(FusedMoeUses, CapturedInACudaGraphAndReplayedOnNewInputs) {
   const std::vector<int> tokens{120, 45, 0, 200};
   Layer l(team, shape, par, tokens, RoutingKind::uniform, 21);
   l.forward();  // eager first: the planner's picks are memoised before capture
-  cudaStream_t stream = nullptr;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  COMET_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  l.fused.forward(l.batches(), stream);
-  COMET_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  COMET_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedGraph graph(cudaStreamCaptureModeThreadLocal,
+                      [&](cudaStream_t stream) { l.fused.forward(l.batches(), stream); });
   for (int replay = 0; replay < 4; ++replay) {
     // New inputs in the captured buffers: another problem of the same sizes.
     l.problem = MoeProblem::make(shape, par, tokens, replay % 2 ? RoutingKind::zipf : RoutingKind::uniform, 100 + replay);
@@ -142,14 +137,10 @@ TEST(FusedMoeUses, CapturedInACudaGraphAndReplayedOnNewInputs) {
       }
     }
     l.poison();
-    COMET_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    graph.replay();
     l.fused.sync_and_check();
     l.expect_right("graph replay " + std::to_string(replay));
   }
-  COMET_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  COMET_CUDA_CHECK(cudaGraphDestroy(graph));
-  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "comet/cuda_check.hpp"
 #include "comet/fused_moe.hpp"
 #include "ops/moe_engine.hpp"
+#include "support/captured_graph.hpp"
 #include "support/test_layer.hpp"
 #include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
@@ -110,18 +111,11 @@ TEST(ScheduleCheck, AForcedCommBlockCountIsNotChecked) {
 TEST(ScheduleCheck, CaptureInTheMiddleOfACheck) {
   CheckedLayer c;
   for (int call = 0; call < 3; ++call) c.layer.forward();  // warm-ups and a first timed launch
-  cudaStream_t stream = nullptr;
-  COMET_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  COMET_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-  c.layer.fused.forward(c.layer.batches(), stream);
-  COMET_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-  COMET_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  CapturedGraph graph(cudaStreamCaptureModeGlobal,
+                      [&](cudaStream_t stream) { c.layer.fused.forward(c.layer.batches(), stream); });
   for (int replay = 0; replay < 2; ++replay) {
     c.layer.poison();
-    COMET_CUDA_CHECK(cudaGraphLaunch(exec, stream));
-    COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
+    graph.replay();
     c.layer.fused.sync_and_check();
     c.layer.expect_right("replay " + std::to_string(replay));
   }
@@ -130,7 +124,4 @@ TEST(ScheduleCheck, CaptureInTheMiddleOfACheck) {
   EXPECT_TRUE(c.engine().schedule_verdict(0, 0, c.tokens(0)).has_value()) << "no verdict " << calls
                                                                           << " eager calls after the capture";
   c.layer.expect_right("after the capture");
-  COMET_CUDA_CHECK(cudaGraphExecDestroy(exec));
-  COMET_CUDA_CHECK(cudaGraphDestroy(graph));
-  COMET_CUDA_CHECK(cudaStreamDestroy(stream));
 }

@@ -108,6 +108,10 @@ Family draw_family(uint64_t seed) {
     // batch_invariant, whose bitwise comparisons across batches it is not made for.
     auto check_rng = generator(seed, ~uint64_t(3));
     o.check_schedule = !o.batch_invariant && chance(check_rng, 0.25);
+    // Layer 1's forced sequential schedule on cuBLAS's GEMM (StandaloneGemm::cublas: the plan's rows read
+    // back to the host before the launch) in a third of the families that force it, likewise.
+    auto gemm_rng = generator(seed, ~uint64_t(4));
+    if (o.layer1.n_comm == 0 && chance(gemm_rng, 1.0 / 3)) o.layer1.standalone_gemm = StandaloneGemm::cublas;
     return f;
   }
 }
@@ -199,6 +203,7 @@ std::string describe(const LayerRequest& r) {
   os << "tile " << r.tile_n.value_or(0) << " n_comm " << r.n_comm.value_or(-1);
   if (r.m_group) os << " m_group " << *r.m_group;
   if (r.n_group) os << " n_group " << *r.n_group;
+  if (r.standalone_gemm) os << " gemm " << to_string(*r.standalone_gemm);
   return os.str();
 }
 

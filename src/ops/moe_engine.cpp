@@ -656,9 +656,11 @@ void MoeEngine::ship_gate_grads(const RankState& s, const kernels::ShipGateGrads
 bool MoeEngine::wants_host_rows(const RankState& s) const {
   if (s.cublas_backward) return true;
   if (s.cublas_missing) return false;
+  // The requests forward() and backward() make (a caller driving the steps with others reads the rows
+  // when a launch needs them).
   for (int launch : {1, 2, 3}) {
     if (launch >= 2 && !options_.training) break;
-    const LayerRequest r = launch >= 2 ? transport_request(launch, {}) : LayerRequest{};
+    const LayerRequest r = launch >= 2 ? transport_request(launch, backward_request(launch)) : options_.layer1;
     if (planner_.plan(launch, LayerMode::fused, s.tokens, r).decision.standalone_gemm == StandaloneGemm::cublas)
       return true;
   }

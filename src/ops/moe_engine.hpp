@@ -213,8 +213,8 @@ class MoeEngine {
   // cannot be loaded).
   StandaloneGemm standalone_gemm(RankState& s, StandaloneGemm gemm, const void* a, int k, const void* w, bool w_kn,
                                  int n, void* out) const;
-  // Whether a launch of this plan may run cuBLAS's GEMMs: the backward's rule, or a default plan of
-  // layer 1 (and, training, the backward's launches) that picks StandaloneGemm::cublas.
+  // Whether a launch of this plan may run cuBLAS's GEMMs: the backward's rule, or the plan forward() makes
+  // for layer 1 (and, training, backward() for its launches) picks StandaloneGemm::cublas.
   bool wants_host_rows(const RankState& s) const;
   // The plan's per-expert rows on the host for cuBLAS (loading cuBLAS on first use): the backward's, else
   // the copy prepare() started (started now where it did not), into `scratch`. Null: our kernel runs.

@@ -1,7 +1,7 @@
 // StandaloneGemm::cublas in the forward (layer 1's sequential schedule): cuBLAS per expert, with the
-// plan's per-expert rows read back to the host. A table's pick (the copy started after the plan build,
-// waited for before the launch) and a forced request (read when the launch needs it) both against the
-// CPU reference, with a rank without tokens, experts without rows, a partial N (TP 4) and top-8; the same
+// plan's per-expert rows read back to the host. A table's pick and a request in the options (the copy
+// started after the plan build, waited for before the launch) and a request the options do not make
+// (read when the launch needs it), each against the CPU reference, with a rank without tokens, experts without rows, a partial N (TP 4) and top-8; the same
 // bits every run; under CUDA-graph capture (no host read) our kernel runs, and its bits are ours.
 #include <gtest/gtest.h>
 
@@ -21,6 +21,8 @@ using namespace comet;
 using namespace comet::testing;
 
 namespace {
+
+const std::string kNoTable = "/nonexistent/comet-test/tune.json";  // an empty table: the cost model picks
 
 struct CublasCase {
   const char* name;
@@ -73,19 +75,50 @@ TEST(CublasStandalone, TablePickMatchesTheReferenceAndRepeats) {
   }
 }
 
-TEST(CublasStandalone, ForcedRequestReadsTheRowsWhenItNeedsThem) {
+// Asked for in the layer's options: prepare() starts the read, as for a table's pick.
+TEST(CublasStandalone, AForcedRequestMatchesTheReference) {
   for (const CublasCase& c : kCases) {
     SCOPED_TRACE(c.name);
     LocalTeam team(c.par.world(), c.link);
     team.set_timeout(3.0);
-    MoeOptions o;  // no table: the default plan does not foresee cuBLAS, so prepare() reads nothing
-    o.tune_table = "/nonexistent/comet-test/tune.json";
+    MoeOptions o;
+    o.tune_table = kNoTable;
     o.layer1 = with_standalone(forced(256, 0), StandaloneGemm::cublas);
     TestLayer layer(team, c.shape, c.par, c.tokens, c.kind, 11, o);
     for (int call = 0; call < 2; ++call) {
       layer.forward();
       layer.expect_right("forced cublas, call " + std::to_string(call));
       expect_layer1_ran(layer, StandaloneGemm::cublas, "forced cublas");
+    }
+  }
+}
+
+// The steps driven with a request the layer's options do not make: prepare() foresaw no cuBLAS and read
+// no rows, so layer 1 reads them when it runs (waiting for the launches before it on the stream).
+TEST(CublasStandalone, AnUnforeseenRequestReadsTheRowsWhenItNeedsThem) {
+  for (const CublasCase& c : kCases) {
+    SCOPED_TRACE(c.name);
+    LocalTeam team(c.par.world(), c.link);
+    team.set_timeout(3.0);
+    MoeOptions o;
+    o.tune_table = kNoTable;
+    TestLayer layer(team, c.shape, c.par, c.tokens, c.kind, 13, o);
+    MoeEngine& moe = layer.fused.engine();
+    const LayerRequest l1 = with_standalone(forced(256, 0), StandaloneGemm::cublas);
+    for (int call = 0; call < 2; ++call) {
+      layer.poison();
+      for (const auto& r : layer.ranks) moe.stage(r->rank, r->batch());
+      team.barrier();
+      for (const auto& r : layer.ranks) {
+        moe.prepare(r->rank);
+        moe.layer0(r->rank, LayerMode::fused, layer.fused.options().layer0);
+        moe.layer1(r->rank, LayerMode::fused, l1);
+      }
+      team.barrier();
+      for (const auto& r : layer.ranks) moe.finish(r->rank, r->batch());
+      moe.sync_and_check();
+      layer.expect_right("unforeseen cublas, call " + std::to_string(call));
+      expect_layer1_ran(layer, StandaloneGemm::cublas, "unforeseen cublas");
     }
   }
 }
@@ -97,7 +130,7 @@ TEST(CublasStandalone, UnderGraphCaptureOurKernelRuns) {
   LocalTeam team(c.par.world(), c.link);
   team.set_timeout(3.0);
   MoeOptions ours_options;
-  ours_options.tune_table = "/nonexistent/comet-test/tune.json";
+  ours_options.tune_table = kNoTable;
   ours_options.layer1 = forced(256, 0);
   TestLayer ours(team, c.shape, c.par, c.tokens, c.kind, 5, ours_options);
   ours.forward();

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,16 @@ bool same_bits(const std::vector<std::vector<float>>& a, const std::vector<std::
   return true;
 }
 
+// Runs `body` for each case on a team of its own (a stalled flag fails in seconds).
+void for_each_case(const std::function<void(const CublasCase&, LocalTeam&)>& body) {
+  for (const CublasCase& c : kCases) {
+    SCOPED_TRACE(c.name);
+    LocalTeam team(c.par.world(), c.link);
+    team.set_timeout(3.0);
+    body(c, team);
+  }
+}
+
 // Layer 1's standalone GEMM on every rank, as the last forward ran it.
 void expect_layer1_ran(TestLayer& layer, StandaloneGemm want, const std::string& what) {
   for (const auto& r : layer.ranks) {
@@ -59,10 +70,7 @@ void expect_layer1_ran(TestLayer& layer, StandaloneGemm want, const std::string&
 }  // namespace
 
 TEST(CublasStandalone, TablePickMatchesTheReferenceAndRepeats) {
-  for (const CublasCase& c : kCases) {
-    SCOPED_TRACE(c.name);
-    LocalTeam team(c.par.world(), c.link);
-    team.set_timeout(3.0);
+  for_each_case([](const CublasCase& c, LocalTeam& team) {
     MoeOptions o;
     o.tune_table = cublas_picks_table(team, c.shape, c.par, c.tokens);
     TestLayer layer(team, c.shape, c.par, c.tokens, c.kind, 7, o);
@@ -72,15 +80,12 @@ TEST(CublasStandalone, TablePickMatchesTheReferenceAndRepeats) {
     const auto first = layer.outputs();
     layer.forward();
     EXPECT_TRUE(same_bits(first, layer.outputs())) << "a second run changed the output bits";
-  }
+  });
 }
 
 // Asked for in the layer's options: prepare() starts the read, as for a table's pick.
 TEST(CublasStandalone, AForcedRequestMatchesTheReference) {
-  for (const CublasCase& c : kCases) {
-    SCOPED_TRACE(c.name);
-    LocalTeam team(c.par.world(), c.link);
-    team.set_timeout(3.0);
+  for_each_case([](const CublasCase& c, LocalTeam& team) {
     MoeOptions o;
     o.tune_table = kNoTable;
     o.layer1 = with_standalone(forced(256, 0), StandaloneGemm::cublas);
@@ -90,16 +95,13 @@ TEST(CublasStandalone, AForcedRequestMatchesTheReference) {
       layer.expect_right("forced cublas, call " + std::to_string(call));
       expect_layer1_ran(layer, StandaloneGemm::cublas, "forced cublas");
     }
-  }
+  });
 }
 
 // The steps driven with a request the layer's options do not make: prepare() foresaw no cuBLAS and read
 // no rows, so layer 1 reads them when it runs (waiting for the launches before it on the stream).
 TEST(CublasStandalone, AnUnforeseenRequestReadsTheRowsWhenItNeedsThem) {
-  for (const CublasCase& c : kCases) {
-    SCOPED_TRACE(c.name);
-    LocalTeam team(c.par.world(), c.link);
-    team.set_timeout(3.0);
+  for_each_case([](const CublasCase& c, LocalTeam& team) {
     MoeOptions o;
     o.tune_table = kNoTable;
     TestLayer layer(team, c.shape, c.par, c.tokens, c.kind, 13, o);
@@ -120,7 +122,7 @@ TEST(CublasStandalone, AnUnforeseenRequestReadsTheRowsWhenItNeedsThem) {
       layer.expect_right("unforeseen cublas, call " + std::to_string(call));
       expect_layer1_ran(layer, StandaloneGemm::cublas, "unforeseen cublas");
     }
-  }
+  });
 }
 
 // A capture cannot wait for a host read: the captured forward runs our GEMM (its bits are the ones our

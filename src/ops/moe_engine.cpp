@@ -210,14 +210,10 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       COMET_CUDA_CHECK(cudaEventCreateWithFlags(&s->side_join, cudaEventDisableTiming));
       if (options_.cublas_backward.value_or(false)) {
         s->cublas = std::make_unique<CublasExpertGemms>();  // asked for: loads cuBLAS now, or refuses
+        s->cublas_backward = true;
       } else if (planner_.cublas_backward(options_.cublas_backward)) {
-        try {
-          s->cublas = std::make_unique<CublasExpertGemms>();
-        } catch (const InvalidArgument&) {  // the rule's pick, and no cuBLAS here: comet's kernels
-          s->cublas_missing = true;
-        }
+        s->cublas_backward = s->load_cublas();  // the rule's pick, and no cuBLAS here: comet's kernels
       }
-      s->cublas_backward = s->cublas != nullptr;
       s->pre = alloc(*s, size_t(rows) * w0_shard_rows() * 2);
       s->grad_rows = alloc(*s, size_t(rows) * row_bytes);
       s->gate_partials = static_cast<float*>(alloc(*s, size_t(rows) * gate_blocks() * sizeof(float)));
@@ -669,14 +665,7 @@ bool MoeEngine::wants_host_rows(const RankState& s) const {
 
 const ExpertRows* MoeEngine::host_rows(RankState& s, ExpertRows& scratch) const {
   if (s.cublas_rows) return &*s.cublas_rows;  // the backward's, waited for once
-  if (!s.cublas && !s.cublas_missing) {
-    try {
-      s.cublas = std::make_unique<CublasExpertGemms>();
-    } catch (const InvalidArgument&) {  // no cuBLAS here: our kernel
-      s.cublas_missing = true;
-    }
-  }
-  if (!s.cublas) return nullptr;
+  if (!s.load_cublas()) return nullptr;  // no cuBLAS here: our kernel
   // Not read after this plan's build (a request the default plan did not foresee): read now, which waits
   // for the launches before it on the stream. Under graph capture there is no read: our kernel.
   if (!s.host_counts.pending()) s.host_counts.read_async(s.plan.view(), par_.local_experts(shape_), s.stream);

@@ -9,6 +9,7 @@
 #include <optional>
 #include <vector>
 
+#include "comet/common.hpp"
 #include "comet/device_plan.hpp"
 #include "kernels/layer_sync.hpp"
 #include "ops/cublas_gemms.hpp"
@@ -75,6 +76,18 @@ struct MoeEngine::RankState {
   bool cublas_missing = false;
   bool cublas_backward = false;
   std::optional<ExpertRows> cublas_rows;
+  // Loads cuBLAS's handles where they are not loaded and it can be; false where it cannot (cublas_missing,
+  // remembered: our kernels run).
+  bool load_cublas() {
+    if (!cublas && !cublas_missing) {
+      try {
+        cublas = std::make_unique<CublasExpertGemms>();
+      } catch (const InvalidArgument&) {
+        cublas_missing = true;
+      }
+    }
+    return cublas != nullptr;
+  }
   bool saved = false;             // the last forward kept its activations and no backward used them yet
   const void* dout = nullptr;     // the backward's output gradients [tokens][H] (stage_grad)
   // The weight gradients run beside grad_layer0 on a low-priority stream: they take the SMs its

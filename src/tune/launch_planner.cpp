@@ -250,7 +250,8 @@ WeightGradKernel LaunchPlanner::weight_grad_kernel(int tokens, WeightGradKernel 
   const int local_experts = par_.local_experts(shape_);
   const double rows_per_expert = expected_rows(shape_, par_, tokens) / local_experts;
   if (rows_per_expert <= 2048 && local_experts >= 2 && par_.ffn_shard(shape_) >= 512) return WeightGradKernel::grouped;
-  if (rows_per_expert >= 4096 && shape_.hidden >= 3072) return picked_weight_grad_tiles(WeightGradKernel::grouped_cooperative, n);
+  if (rows_per_expert >= 4096 && shape_.hidden >= 3072)
+    return picked_weight_grad_tiles(WeightGradKernel::grouped_cooperative, n);
   return WeightGradKernel::persistent;
 }
 

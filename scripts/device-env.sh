@@ -13,12 +13,15 @@ export COMET_TUNE_TABLE=$root/bench/results/h200_tune_table.json
 # comet's tuned run against the sequential baseline, paired (the scripts' check step):
 #   paired_run NAME LAYERS [comet-bench args: the cases, --commit, ...]
 # writes NAME.json and NAME.log, then prints the exit status and the ratios (bench/paired_ratios.py).
-# A table other than the shipped one: COMET_TUNE_TABLE=FILE paired_run ...  Needs $t0 (the call's start).
+# A table other than the shipped one: COMET_TUNE_TABLE=FILE paired_run ...; a time limit in seconds:
+# LIMIT=S paired_run ... (what ran by then is in NAME.json: comet-bench writes it after each case).
+# Needs $t0 (the call's start).
 paired_run() {
   local name=$1 layers=$2; shift 2
-  "$root/.carry/bench/comet-bench" --systems comet,sequential --n-comm 0 --tuned-tile --layers "$layers" --paired "$@" \
-    --out "$name.json" > "$name.log" 2>&1
-  echo "== $(basename "$name") exit $? at $(( $(date +%s) - t0 )) s"
+  timeout "${LIMIT:-0}" "$root/.carry/bench/comet-bench" --systems comet,sequential --n-comm 0 --tuned-tile \
+    --layers "$layers" --paired "$@" --out "$name.json" > "$name.log" 2>&1
+  local rc=$?  # before the echo's own command substitutions reset $?
+  echo "== $(basename "$name") exit $rc at $(( $(date +%s) - t0 )) s"
   python3 "$root/bench/paired_ratios.py" "$name.json" --list --layers "$layers"
 }
 

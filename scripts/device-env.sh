@@ -25,19 +25,20 @@ paired_run() {
   python3 "$root/bench/paired_ratios.py" "$name.json" --list --layers "$layers"
 }
 
-# The whole comet_gpu_tests in 3 parallel shards beside comet-fuzz (the scripts' GPU-suite step):
+# The whole comet_gpu_tests in SHARDS parallel shards (default 3) beside comet-fuzz (the scripts' GPU-suite
+# step; more shards finish sooner, but beside 5 others two memory-hungry suites have run out of memory):
 #   gpu_suite_shards BIN OUT LIMIT SEED   (BIN holds comet_gpu_tests and comet-fuzz; FUZZ batches, default 800)
-# writes OUT/shard{0,1,2}.txt and OUT/fuzz.txt, prints their summaries; non-zero if any of them failed.
+# writes OUT/shard<i>.txt and OUT/fuzz.txt, prints their summaries; non-zero if any of them failed.
 gpu_suite_shards() {
-  local bin=$1 out=$2 lim=$3 seed=$4 t rc=0 i job
+  local bin=$1 out=$2 lim=$3 seed=$4 n=${SHARDS:-3} t rc=0 i job
   t=$(date +%s)
-  for i in 0 1 2; do
-    GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$i timeout "$lim" "$bin/comet_gpu_tests" --gtest_brief=1 > "$out/shard$i.txt" 2>&1 &
+  for (( i = 0; i < n; i++ )); do
+    GTEST_TOTAL_SHARDS=$n GTEST_SHARD_INDEX=$i timeout "$lim" "$bin/comet_gpu_tests" --gtest_brief=1 > "$out/shard$i.txt" 2>&1 &
   done
   timeout $(( lim - 10 )) "$bin/comet-fuzz" --batches "${FUZZ:-800}" --jobs 2 --seed "$seed" > "$out/fuzz.txt" 2>&1 &
   for job in $(jobs -p); do wait "$job" || rc=1; done
   echo "== gtest shards + fuzz $(( $(date +%s) - t )) s (limit $lim)"
-  for i in 0 1 2; do grep -E '^\[  (PASSED|FAILED) |tests? from .* ran' "$out/shard$i.txt"; done
+  for (( i = 0; i < n; i++ )); do grep -E '^\[  (PASSED|FAILED) |tests? from .* ran' "$out/shard$i.txt"; done
   tail -4 "$out/fuzz.txt"
   return $rc
 }

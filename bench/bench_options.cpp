@@ -72,6 +72,9 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            and no chunked system)                        (default: bf16)
   --m-group N              M-tiles per group in the forced launches' tile order (the sweeps, gemm_only,
                            comm_only; not the tuned runs)                 (default: the planner's rule)
+  --tile-order O           wave or m: the order in which the forced fused layer-0 launches (the sweeps)
+                           compute their tiles, arrival (wave by wave) or m (expert by expert,
+                           LayerRequest::m_order); their records say tile_order m (default: wave)
   --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
                            (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
@@ -198,6 +201,10 @@ BenchOptions parse_options(int argc, char** argv) {
       o.tuned_tile = true;
     } else if (a == "--m-group") {
       o.m_group = to_int(value(), a);
+    } else if (a == "--tile-order") {
+      const std::string order = value();
+      COMET_REQUIRE(order == "wave" || order == "m", "--tile-order must be wave or m, got '", order, "'");
+      o.m_order = order == "m";
     } else if (a == "--tile-n") {
       o.tile_n = to_int(value(), a);
     } else if (a == "--reps") {

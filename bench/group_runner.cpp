@@ -45,7 +45,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   const int n0 = is_gated(s.act) ? 2 * fs : fs;
   team_ = std::make_unique<LocalTeam>(W, link);
   MoeOptions mo;
-  mo.layer0 = variant(o_.tile_n, 2);
+  mo.layer0 = variant(o_.tile_n, 2, 0);
   mo.layer1 = variant(o_.tile_n == 320 ? 256 : o_.tile_n, 4);  // 320: layer 0's alone (l0 runs only)
   mo.adaptive_split = o_.adaptive;
   mo.narrow_n_tiles = o_.narrow_n_tiles;
@@ -110,9 +110,10 @@ GroupRunner::~GroupRunner() {
   }
 }
 
-LayerRequest GroupRunner::variant(int tile_n, int n_comm) const {
+LayerRequest GroupRunner::variant(int tile_n, int n_comm, int layer) const {
   LayerRequest r = LayerRequest::forced(tile_n, n_comm);
   if (o_.m_group > 0) r.m_group = o_.m_group;
+  if (o_.m_order && layer == 0) r.m_order = true;
   return r;
 }
 
@@ -371,7 +372,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         }
       };
       auto run = [&](LayerMode mode, int n) {
-        return [this, launch, mode, tn, n] { launch(mode, variant(tn, n)); };
+        return [this, launch, mode, tn, n, layer] { launch(mode, variant(tn, n, layer)); };
       };
       const Timing gemm = time(nullptr, run(LayerMode::gemm_only, 0));
       Record g = base(in, name, "comet");
@@ -434,6 +435,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         f.mode = "fused";
         f.n_comm = n;
         f.best = n == best;
+        if (layer == 0 && n > 0 && o_.m_order) f.tile_order = "m";
         if (comm.count(n)) {
           f.overlap_efficiency = t.median_ms / std::max(gemm.median_ms, comm[n].median_ms);
           f.t_seq_ms = gemm.median_ms + comm[n].median_ms;
@@ -565,12 +567,13 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       const bool swept = L0 && L1;
       Timing t;
       if (swept) {
-        t = time(nullptr, [&] { comet_forward(variant(tn, n0), variant(tn, n1)); });
+        t = time(nullptr, [&] { comet_forward(variant(tn, n0, 0), variant(tn, n1, 1)); });
         Record r = base(in, "fwd", "comet");
         r.mode = "fused";
         r.n_comm = n0;
         r.n_comm_l1 = n1;
         r.best = true;
+        if (n0 > 0 && o_.m_order) r.tile_order = "m";
         stamp(r, t, flops0 + flops1, true);
         note(" | fwd comet %.3f", t.median_ms);
       }

@@ -41,8 +41,9 @@ class GroupRunner {
 
  private:
   bool fp8() const { return o_.dtype == "e4m3"; }
-  // A forced launch: this tile and n_comm, m_group the planner's rule or --m-group.
-  LayerRequest variant(int tile_n, int n_comm) const;
+  // A forced launch: this tile and n_comm, m_group the planner's rule or --m-group; layer 0's in m
+  // order with --tile-order m.
+  LayerRequest variant(int tile_n, int n_comm, int layer = -1) const;
   struct Rank {
     testing::DeviceBuffer x, ids, gates, out;
   };

@@ -110,6 +110,7 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     if (r.tuned) o.raw("tuned", "true");
     if (r.paired) o.raw("paired", "true");
     if (!r.picked_by.empty()) o.str("picked_by", r.picked_by);
+    if (!r.tile_order.empty()) o.str("tile_order", r.tile_order);
     o.integer("tile_n", r.tile_n);
     o.integer("samples", r.samples);
     o.number("min_ms", r.min_ms);

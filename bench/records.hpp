@@ -42,6 +42,7 @@ struct Record {
   bool tuned = false;                         // comet fused: the tuner's pick (n_comm < 0 resolved)
   bool paired = false;                        // timed in rotation with its counterpart (--paired)
   std::string picked_by;                      // tuned: "table" or "cost_model" (fwd, bwd: layer 0 / layer 1)
+  std::string tile_order;                     // "m": a forced fused layer 0 in m order (--tile-order m)
   int tile_n = 0;
   int samples = 0;
   double min_ms = 0, max_ms = 0;

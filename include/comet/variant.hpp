@@ -122,6 +122,12 @@ struct LayerRequest {
   // (true) or as a GEMM launch and a combine launch (false); empty: the tuner's table entry (two launches
   // where it says nothing). The same bits either way (LaunchDecision::one_launch).
   std::optional<bool> one_launch;
+  // Layer 0's fused launch only: its compute blocks take their tiles in m order (expert by expert, as
+  // the sequential schedule's GEMM does) instead of arrival order (wave by wave). A wave holds a few
+  // tiles of every expert, so an expert with tiles in several waves streams its weights once per wave;
+  // in m order they cross HBM about once, but a tile may wait for its last source. Empty: arrival order.
+  // For experiments (comet-bench --tile-order); docs/design-changes.md, "Layer 0's tile order under skew".
+  std::optional<bool> m_order;
 
   // tile and comm blocks fixed, the rest the planner's.
   static LayerRequest forced(int tile_n, int n_comm) {
@@ -173,6 +179,7 @@ struct LaunchDecision {
   // drains the GPU in between. The tiles, items and sums are the two-launch schedule's, so the bits are
   // too. (Pull launches have no such form: docs/design-changes.md, "The sequential schedule in one launch".)
   bool one_launch = false;
+  bool m_order = false;  // layer 0's fused launch: tiles in m order (LayerRequest::m_order)
   const char* picked_by = "";  // "forced", "table", "cost_model"
 };
 

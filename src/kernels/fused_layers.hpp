@@ -55,6 +55,8 @@ struct GridSplit {
   // Layer 1's kernel, fused mode without comm blocks: every block of the resident grid computes its
   // tiles, then combines (LaunchDecision::one_launch).
   bool one_launch = false;
+  // Layer 0, fused mode: compute tiles in m order, not arrival order (LaunchDecision::m_order).
+  bool m_order = false;
   TeamDeviceView team;
 };
 

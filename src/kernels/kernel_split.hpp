@@ -18,6 +18,7 @@ struct KernelSplit {
   int smem_bytes;
   bool waits;  // fused: compute waits for arrivals (layer 0) / comm waits for finished tiles (layer 1)
   bool one_launch;  // layer 1: every block computes its tiles, then combines (n_comm 0, n_compute the grid)
+  bool arrival_order;  // layer 0: waiting compute blocks take tiles in tile_order (else in m order)
   TeamDeviceView team;
 };
 
@@ -33,6 +34,7 @@ inline KernelSplit kernel_split(const GridSplit& s, const LaunchLimits& lim, int
   k.smem_bytes = smem_bytes;
   k.waits = s.mode == Mode::fused;
   k.one_launch = s.one_launch && s.mode == Mode::fused && k.n_comm == 0;
+  k.arrival_order = k.waits && !s.m_order;
   k.team = s.team;
   return k;
 }

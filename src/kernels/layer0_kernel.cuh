@@ -36,8 +36,9 @@ struct Layer0Params {
 // Work w -> (M-tile, N-block): groups of m_group consecutive entries of tile_order, and inside a group
 // every N-block for each of its M-tiles, N-major, so that the group's A tiles and a few B slabs stay
 // in L2 while the whole grid works on them. Groups follow tile_order, i.e. arrival order, when the
-// tiles wait for rows; without waits (gemm_only: every row present) they follow m, the order the plan
-// would have with all rows local, so that a group's tiles share one expert's weights.
+// tiles wait for rows; without waits (gemm_only: every row present), or where the launch asks for it
+// (LaunchDecision::m_order), they follow m, the order the plan would have with all rows local, so that
+// a group's tiles share one expert's weights.
 struct Layer0Schedule {
   const PlanView& plan;
   int n_blocks;
@@ -91,7 +92,8 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                  p.transport);
     return;
   }
-  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group, p.split.waits};
+  const Layer0Schedule schedule{p.dispatch.plan, (p.ext.n + Cfg::TileN - 1) / Cfg::TileN, p.split.m_group,
+                                p.split.arrival_order};
   Layer0Hooks<Cfg, Epi, Transport> hooks{p, epoch};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
 }

@@ -481,6 +481,7 @@ kernels::GridSplit MoeEngine::grid_split(const RankState& s, const PlannedLaunch
   g.adapt.chosen = s.chosen_n_comm + layer;
   g.m_group = planned.decision.m_group;
   g.n_group = planned.decision.n_group;
+  g.m_order = planned.decision.m_order;
   g.mode = mode;
   g.team = team_.device_view(s.rank);
   return g;

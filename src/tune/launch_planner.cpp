@@ -68,7 +68,7 @@ const PlannedLaunch& LaunchPlanner::plan(int layer, LayerMode mode, int tokens, 
   const Key id{layer, int(mode), tokens, request.tile_n.value_or(-1), request.n_comm.value_or(-1),
                request.m_group.value_or(-1), request.n_group.value_or(-1),
                request.standalone_gemm ? int(*request.standalone_gemm) : -1,
-               request.one_launch ? int(*request.one_launch) : -1};
+               request.one_launch ? int(*request.one_launch) : -1, request.m_order ? int(*request.m_order) : -1};
   if (const auto it = memo_.find(id); it != memo_.end()) return it->second;
   // A bound on the memo for callers whose token count changes every step (a few kB per entry).
   if (memo_.size() >= 4096) memo_.clear();
@@ -89,6 +89,8 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
                 ": m_group must be in [1, ", kMaxGroup, "], got ", request.m_group.value_or(0));
   COMET_REQUIRE(!request.n_group || (*request.n_group >= 1 && *request.n_group <= kMaxGroup), "FusedMoe ", name,
                 ": n_group must be in [1, ", kMaxGroup, "], got ", request.n_group.value_or(0));
+  COMET_REQUIRE(!request.m_order.value_or(false) || layer == 0, "FusedMoe ", name,
+                ": m_order applies to layer 0's fused launch only");
 
   const int picked_tokens = std::max(1, tokens);
   LayerVariant v;
@@ -153,6 +155,8 @@ PlannedLaunch LaunchPlanner::decide(int layer, LayerMode mode, int tokens, const
   // launches of their own.
   d.one_launch = comm_kind(layer) == 1 && mode == LayerMode::fused && d.schedule == Schedule::sequential &&
                  d.standalone_gemm == StandaloneGemm::comet && v.one_launch;
+  // Only a launch whose compute blocks wait for rows has an arrival order to leave.
+  d.m_order = request.m_order.value_or(false) && mode == LayerMode::fused && d.schedule == Schedule::fused;
 
   PlannedLaunch p;
   p.decision = d;

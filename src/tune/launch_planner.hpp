@@ -93,8 +93,9 @@ class LaunchPlanner {
   DeviceCaps caps_;
   TuneTable table_;
   PlannerPolicy policy_;
-  // (layer, mode, tokens, tile_n, n_comm, m_group, n_group, standalone_gemm); an empty request field is -1.
-  using Key = std::tuple<int, int, int, int, int, int, int, int, int>;
+  // (layer, mode, tokens, tile_n, n_comm, m_group, n_group, standalone_gemm, one_launch, m_order); an empty
+  // request field is -1.
+  using Key = std::tuple<int, int, int, int, int, int, int, int, int, int>;
   mutable std::map<Key, PlannedLaunch> memo_;
   mutable std::map<std::pair<int, int>, int> resident_;  // (layer, tile_n) -> blocks
 };

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "comet/fused_moe.hpp"
+#include "kernels/kernel_split.hpp"
 #include "tune/launch_planner.hpp"
 
 using namespace comet;
@@ -534,4 +535,33 @@ TEST(LaunchPlanner, OneLaunchOnlyForACombineLaunchsSequentialScheduleWithOurGemm
     EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, tile(256)).decision.one_launch) << layer;
     EXPECT_FALSE(p.plan(layer, LayerMode::fused, 4096, on).decision.one_launch) << layer;
   }
+}
+
+// m order (LayerRequest::m_order) is a way to run layer 0's fused launch: kept where its compute blocks
+// wait for rows, dropped where nothing waits (the sequential schedule, gemm_only), refused elsewhere;
+// the kernel's split then leaves the arrival order.
+TEST(LaunchPlanner, MOrderIsLayerZerosFusedLaunchOnly) {
+  const LaunchPlanner p = planner(Parallel{8, 1});
+  LayerRequest fused = LayerRequest::forced(256, 4), seq = LayerRequest::forced(256, 0);
+  fused.m_order = seq.m_order = true;
+  const LaunchDecision& d = p.plan(0, LayerMode::fused, 4096, fused).decision;
+  EXPECT_TRUE(d.m_order);
+  EXPECT_FALSE(p.plan(0, LayerMode::fused, 4096, LayerRequest::forced(256, 4)).decision.m_order);  // memo keyed
+  EXPECT_FALSE(p.plan(0, LayerMode::fused, 4096, seq).decision.m_order);
+  EXPECT_FALSE(p.plan(0, LayerMode::gemm_only, 4096, fused).decision.m_order);
+  for (int layer : {1, 2, 3}) {
+    EXPECT_THROW(p.plan(layer, LayerMode::fused, 4096, fused), InvalidArgument) << layer;
+    LayerRequest off = LayerRequest::forced(256, 4);
+    off.m_order = false;
+    EXPECT_NO_THROW(p.plan(layer, LayerMode::fused, 4096, off)) << layer;
+  }
+  kernels::GridSplit g;
+  g.mode = kernels::Mode::fused;
+  g.n_comm = 4;
+  EXPECT_TRUE(kernels::kernel_split(g, kernels::LaunchLimits{132, 132}, 0).arrival_order);
+  g.m_order = true;
+  EXPECT_FALSE(kernels::kernel_split(g, kernels::LaunchLimits{132, 132}, 0).arrival_order);
+  g.m_order = false;
+  g.mode = kernels::Mode::gemm_only;
+  EXPECT_FALSE(kernels::kernel_split(g, kernels::LaunchLimits{132, 132}, 0).arrival_order);
 }

@@ -112,6 +112,10 @@ Family draw_family(uint64_t seed) {
     // back to the host before the launch) in a third of the families that force it, likewise.
     auto gemm_rng = generator(seed, ~uint64_t(4));
     if (o.layer1.n_comm == 0 && chance(gemm_rng, 1.0 / 3)) o.layer1.standalone_gemm = StandaloneGemm::cublas;
+    // Layer 0's forced fused schedule with its tiles in m order (LayerRequest::m_order) in a third of the
+    // families that force it, likewise.
+    auto order_rng = generator(seed, ~uint64_t(5));
+    if (o.layer0.n_comm.value_or(0) > 0 && chance(order_rng, 1.0 / 3)) o.layer0.m_order = true;
     return f;
   }
 }
@@ -203,6 +207,7 @@ std::string describe(const LayerRequest& r) {
   os << "tile " << r.tile_n.value_or(0) << " n_comm " << r.n_comm.value_or(-1);
   if (r.m_group) os << " m_group " << *r.m_group;
   if (r.n_group) os << " n_group " << *r.n_group;
+  if (r.m_order.value_or(false)) os << " m_order";
   if (r.standalone_gemm) os << " gemm " << to_string(*r.standalone_gemm);
   return os.str();
 }

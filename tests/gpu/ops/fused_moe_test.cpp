@@ -246,6 +246,36 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
     EXPECT_EQ(0, std::memcmp(fused[r].data(), sequential[r].data(), fused[r].size() * sizeof(float))) << "rank " << r;
 }
 
+// Layer 0's fused launch with its tiles in m order (LayerRequest::m_order): the compute blocks take the
+// tiles expert by expert and wait for each one's last source, instead of wave by wave. The same tiles
+// and sums, so the same bits as arrival order, and the reference's; one comm block (the longest waits)
+// and several, tiles 256 and 128, a rank without tokens, all tokens to one expert, top-8 on the host link.
+TEST(FusedMoe, Layer0MOrderEqualsArrivalOrderBitwise) {
+  for (const Case& c : {Case{"ep4_top8_zipf", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
+                        Case{"ep8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::uniform,
+                             Link::host},
+                        Case{"ep2tp2_one_expert", kSmallSwiglu, {2, 2}, {64, 129, 0, 33}, RoutingKind::one_expert,
+                             Link::device}}) {
+    SCOPED_TRACE(c.name);
+    Harness h(c);
+    for (int tile : {256, 128})
+      for (int n_comm : {1, 3}) {
+        SCOPED_TRACE(::testing::Message() << "tile " << tile << " n_comm " << n_comm);
+        h.run(forced(tile, n_comm), forced(256, 2));
+        const auto arrival = h.outputs();
+        LayerRequest m_order = forced(tile, n_comm);
+        m_order.m_order = true;
+        h.run(m_order, forced(256, 2));
+        EXPECT_TRUE(h.moe.last_decision(0, 0).m_order);
+        const auto in_m_order = h.outputs();
+        check_outputs(h, in_m_order);
+        for (size_t r = 0; r < arrival.size(); ++r)
+          EXPECT_EQ(0, std::memcmp(arrival[r].data(), in_m_order[r].data(), arrival[r].size() * sizeof(float)))
+              << "rank " << r;
+      }
+  }
+}
+
 // Layer 1's sequential schedule in one launch (each block combines after its last tile, batches taken
 // from a shared counter) against the same schedule as a GEMM launch and a combine launch: the same
 // bits, and the reference's, at every tile width; run twice in a row from poisoned buffers, so a counter

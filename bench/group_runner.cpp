@@ -435,7 +435,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         f.mode = "fused";
         f.n_comm = n;
         f.best = n == best;
-        if (layer == 0 && n > 0 && o_.m_order) f.tile_order = "m";
+        if (moe.decision(layer, 0, LayerMode::fused, variant(tn, n, layer)).m_order) f.tile_order = "m";
         if (comm.count(n)) {
           f.overlap_efficiency = t.median_ms / std::max(gemm.median_ms, comm[n].median_ms);
           f.t_seq_ms = gemm.median_ms + comm[n].median_ms;
@@ -573,7 +573,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         r.n_comm = n0;
         r.n_comm_l1 = n1;
         r.best = true;
-        if (n0 > 0 && o_.m_order) r.tile_order = "m";
+        if (moe.decision(0, 0, LayerMode::fused, variant(tn, n0, 0)).m_order) r.tile_order = "m";
         stamp(r, t, flops0 + flops1, true);
         note(" | fwd comet %.3f", t.median_ms);
       }

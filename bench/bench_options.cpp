@@ -75,6 +75,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --tile-order O           wave or m: the order in which the forced fused layer-0 launches (the sweeps)
                            compute their tiles, arrival (wave by wave) or m (expert by expert,
                            LayerRequest::m_order); their records say tile_order m (default: wave)
+  --wave-chunk N           an expert's tiles run in chunks of N in layer 0's wave order (MoeOptions::
+                           wave_chunk); comet's records say wave_chunk N     (default: the library's)
   --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
                            (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
@@ -205,6 +207,9 @@ BenchOptions parse_options(int argc, char** argv) {
       const std::string order = value();
       COMET_REQUIRE(order == "wave" || order == "m", "--tile-order must be wave or m, got '", order, "'");
       o.m_order = order == "m";
+    } else if (a == "--wave-chunk") {
+      o.wave_chunk = to_int(value(), a);
+      COMET_REQUIRE(o.wave_chunk >= 1, "--wave-chunk must be >= 1, got ", o.wave_chunk);
     } else if (a == "--tile-n") {
       o.tile_n = to_int(value(), a);
     } else if (a == "--reps") {

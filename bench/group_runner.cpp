@@ -55,6 +55,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   mo.training = o_.has_backward();  // the forwards keep their pre-activations (every forward record then pays it)
   mo.compute_ranks = {0};           // the others only stage their tokens: no gathered rows, hidden or Y
   mo.dtype = fp8() ? DType::e4m3 : DType::bf16;
+  mo.wave_chunk = o_.wave_chunk;
   moe_ = std::make_unique<FusedMoe>(*team_, s, p, MoeCapacity{max_tokens, max_rows}, mo);
   // Rank 0's weights only, shared by every rank: only rank 0 computes, the others stage their tokens.
   w0_ = testing::DeviceBuffer(size_t(el) * n0 * H * 2);
@@ -230,6 +231,7 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   r.layer = layer;
   r.system = system;
   r.dtype = o_.dtype;
+  if (system == "comet") r.wave_chunk = o_.wave_chunk;
   r.tile_n = o_.tile_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;

@@ -48,6 +48,9 @@ struct DeviceAllocator {
 enum class DeviceTransport : int { peer = 0, nvshmem = 1 };
 inline const char* to_string(DeviceTransport t) { return t == DeviceTransport::nvshmem ? "nvshmem" : "peer"; }
 
+// MoeOptions::wave_chunk's default (docs/design-changes.md, "Layer 0's tile order under skew").
+inline constexpr int kDefaultWaveChunk = 1;
+
 struct MoeOptions {
   // What to force in each layer's launches; every field left empty is the tuner's choice. The backward
   // follows them (its layer-1 backward runs layer 0's kernel, and the reverse), except a tile of 192,
@@ -102,6 +105,11 @@ struct MoeOptions {
   DType dtype = DType::bf16;
   // Layer 0's comm blocks: bulk-store groups in flight before a unit's rows are published (1, 2, 4, 8).
   int dispatch_store_lag = 4;
+  // Layer 0's fused launch (and the backward of layer 1) computes its tiles wave by wave as their rows
+  // arrive; an expert's tiles go in runs of this many, each run at the wave of its last tile, so that a
+  // pass over the expert's weights serves that many tiles (PlanConfig::wave_chunk, comet/plan.hpp).
+  // 0: kDefaultWaveChunk. Any value >= 1 gives the same results, bit for bit.
+  int wave_chunk = 0;
   // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
   std::string tune_table;
   DeviceAllocator allocator;  // empty: cudaMalloc / cudaFree

@@ -16,9 +16,14 @@
 //    otherwise the largest unit index among its remote rows (the tile is complete once the pull
 //    reaches that unit). The tile's wave is 0 when all of its rows are local, else the source
 //    position of unit tile_key (the last source it waits for). tile_order lists the M-tiles sorted by
-//    (wave, m): local tiles first, then wave by wave in arrival order, and inside a wave expert by
+//    (order wave, m): local tiles first, then wave by wave in arrival order, and inside a wave expert by
 //    expert, so that tiles computed together share their expert's weights in L2 (sorting by the
 //    exact key interleaves the experts and thrashes L2: docs/design-changes.md, Schedules).
+//    A tile's order wave: 0 when all of its rows are local; else the wave of the last tile of its
+//    chunk, where an expert's M-tiles are cut into chunks of wave_chunk consecutive tiles from its
+//    first tile. With wave_chunk 1 that is the tile's own wave; with more, a wave holds each expert's
+//    tiles in runs of wave_chunk (or the expert's last few), so that a pass over an expert's weights
+//    serves at least that many tiles (docs/design-changes.md, "Layer 0's tile order under skew").
 //  * Indexing: segment arrays are [e * W + j] (expert-major); tile_expert holds the LOCAL expert index
 //    (0..E_l-1, global id = first_local_expert() + e), like every other per-expert array here.
 //  * Every array is filled up to its capacity: entries past the used counts (units >= num_units,
@@ -48,6 +53,7 @@ struct PlanConfig {
   int rank = 0;
   int tile_m = 128;
   PlanCapacity cap;
+  int wave_chunk = 1;  // M-tiles of one expert scheduled together in tile_order (see above), >= 1
 
   COMET_HD int world() const { return par.ep * par.tp; }
   COMET_HD int topk() const { return shape.topk; }
@@ -62,6 +68,16 @@ struct PlanConfig {
 // The wave of a tile with key `key` (see above); unit_src is the plan's array, `world`/`rank` its config.
 COMET_HD inline int tile_wave(int key, const int32_t* unit_src, int world, int rank) {
   return key < 0 ? 0 : (unit_src[key] - rank + world) % world;
+}
+
+// The order wave of M-tile m (see above), whose expert's tiles are [first, end); tile_key and unit_src
+// are the plan's arrays. Nondecreasing in m over one expert's tiles, as the wave is.
+COMET_HD inline int tile_order_wave(int m, int first, int end, int wave_chunk, const int32_t* tile_key,
+                                    const int32_t* unit_src, int world, int rank) {
+  if (tile_key[m] < 0) return 0;
+  const int chunk_end = first + ((m - first) / wave_chunk + 1) * wave_chunk;
+  const int last = (chunk_end < end ? chunk_end : end) - 1;
+  return tile_wave(tile_key[last], unit_src, world, rank);
 }
 
 // Throws InvalidArgument if the configuration is unusable: rank outside [0, W), tile_m not in

@@ -117,6 +117,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   }
   check_transport();
   set_dispatch_store_lag(options_.dispatch_store_lag);
+  COMET_REQUIRE(options_.wave_chunk >= 0, "FusedMoe: wave_chunk must be >= 0 (0: the default), got ",
+                options_.wave_chunk);
   options_.checking = options_.checking || checking_from_env();
   // A forced variant that cannot run (a tile not compiled for the layer, too many comm blocks) is
   // refused here, not half-way through a call. (Plans are memoised: this costs nothing later.)
@@ -170,7 +172,9 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
                                                                  options_.compute_ranks.end(), r) > 0;
     if (s->computes) {
       if (options_.check_schedule) s->schedule_check = std::make_unique<ScheduleCheck>();
-      s->plan = DevicePlan(PlanConfig{shape_, par_, r, kTileM, PlanCapacity{T, rows}});
+      PlanConfig plan{shape_, par_, r, kTileM, PlanCapacity{T, rows}};
+      plan.wave_chunk = options_.wave_chunk > 0 ? options_.wave_chunk : kDefaultWaveChunk;
+      s->plan = DevicePlan(plan);
       s->a = alloc(*s, size_t(rows) * row_bytes);
       s->hid = alloc(*s, size_t(rows) * par_.ffn_shard(shape_) * 2);
       s->hid_call = s->hid;

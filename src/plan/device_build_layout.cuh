@@ -19,7 +19,7 @@ inline constexpr int kMaxLocalExperts = 1024;
 struct BuildGeometry {
   int world = 0, rank = 0;
   int num_experts = 0, local_experts = 0, first_expert = 0;
-  int topk = 0, tile_m = 0;
+  int topk = 0, tile_m = 0, wave_chunk = 1;
   int max_tokens = 0, max_rows = 0, max_units = 0, max_tiles = 0;
   int chunks = 0;       // kChunk-token chunks per source position: ceil(max_tokens / kChunk)
   int slot_stride = 0;  // words per source position in per-slot scratch (max_tokens * k rounded up to 4)
@@ -38,6 +38,7 @@ inline BuildGeometry make_geometry(const PlanConfig& cfg) {
   g.first_expert = cfg.first_local_expert();
   g.topk = cfg.topk();
   g.tile_m = cfg.tile_m;
+  g.wave_chunk = cfg.wave_chunk;
   g.max_tokens = cfg.cap.max_tokens_per_rank;
   g.max_rows = cfg.cap.max_rows;
   g.max_units = cfg.max_units();

@@ -165,7 +165,11 @@ HostPlan build_plan_host(const PlanConfig& cfg, const std::vector<RoutingView>& 
   }
   std::vector<int> order(tiles);
   std::iota(order.begin(), order.end(), 0);
-  auto wave = [&](int m) { return tile_wave(v.tile_key[m], v.unit_src, cfg.world(), cfg.rank); };
+  auto wave = [&](int m) {
+    const int e = v.tile_expert[m];
+    return tile_order_wave(m, v.expert_offset[e] / tm, v.expert_offset[e + 1] / tm, cfg.wave_chunk, v.tile_key,
+                           v.unit_src, cfg.world(), cfg.rank);
+  };
   std::sort(order.begin(), order.end(), [&](int a, int b) { return std::make_pair(wave(a), a) < std::make_pair(wave(b), b); });
   std::copy(order.begin(), order.end(), v.tile_order);
   return plan;

@@ -68,6 +68,7 @@ void validate(const PlanConfig& cfg) {
   COMET_REQUIRE(cfg.cap.max_rows > 0, "PlanConfig: max_rows must be positive, got ", cfg.cap.max_rows);
   COMET_REQUIRE(cfg.cap.max_rows % tm == 0, "PlanConfig: max_rows (", cfg.cap.max_rows,
                 ") must be a multiple of tile_m (", tm, ")");
+  COMET_REQUIRE(cfg.wave_chunk >= 1, "PlanConfig: wave_chunk must be >= 1, got ", cfg.wave_chunk);
   // The device builder's first-error key has 22 bits for the source rank.
   COMET_REQUIRE(W <= 65536, "PlanConfig: at most 65536 ranks are supported, got ", W);
   const int El = cfg.local_experts();

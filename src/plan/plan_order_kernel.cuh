@@ -1,8 +1,9 @@
-// Device builder, kernel 4 of 4: tile_order, the M-tiles sorted by (wave, m) (plan.hpp), by merging
-// rather than sorting. Inside one expert the tiles' keys never decrease (the all-local tiles, key -1,
-// come first; after them each key is the unit of the tile's last row, and rows follow unit order with
-// at most one row per unit and expert), and the wave is a nondecreasing function of the key, so the
-// tiles' waves form E_l sorted runs. A tile's place is the number
+// Device builder, kernel 4 of 4: tile_order, the M-tiles sorted by (order wave, m) (plan.hpp), by
+// merging rather than sorting. Inside one expert the tiles' keys never decrease (the all-local tiles,
+// key -1, come first; after them each key is the unit of the tile's last row, and rows follow unit order
+// with at most one row per unit and expert), the wave is a nondecreasing function of the key, and a
+// tile's order wave is 0 or the wave of a tile at or after it in the same chunk, so the tiles' order
+// waves form E_l sorted runs. A tile's place is the number
 // of tiles before it in every run: in runs of earlier experts (smaller m) those with key <= its key,
 // in runs of later experts those with key < its key, in its own run the tiles before it. One warp per
 // tile, one lane per run, binary searches over the keys staged in shared memory.
@@ -42,7 +43,11 @@ __global__ void __launch_bounds__(kOrderWarps * 32) plan_order_kernel(BuildGeome
   const int El = g.local_experts;
   const int tiles = *v.num_tiles;
   for (int e = threadIdx.x; e <= El; e += blockDim.x) s_first_tile[e] = v.expert_offset[e] / g.tile_m;
-  auto wave_of_tile = [&](int m) { return tile_wave(v.tile_key[m], v.unit_src, g.world, g.rank); };
+  auto wave_of_tile = [&](int m) {
+    const int e = segment_of(s_first_tile, El, m);
+    return tile_order_wave(m, s_first_tile[e], s_first_tile[e + 1], g.wave_chunk, v.tile_key, v.unit_src, g.world,
+                           g.rank);
+  };
   if (keys_in_smem) {
     for (int m = threadIdx.x; m < tiles; m += blockDim.x) order_smem[m] = wave_of_tile(m);
   }

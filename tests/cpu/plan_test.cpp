@@ -95,6 +95,9 @@ TEST(PlanConfig, RejectsBadConfigurations) {
   EXPECT_NE(msg(make_config(4, 1, 6, 2, 0, 128, 16, 1024)).find("divisible by ep"), std::string::npos);
   EXPECT_NE(msg(make_config(1, 1, 2048, 2, 0, 128, 16, 1024)).find("1024 local experts"), std::string::npos);
   EXPECT_NE(msg(make_config(8, 1, 8, 8, 0, 128, 1 << 26, 1024)).find("overflows int32"), std::string::npos);
+  PlanConfig no_chunk = make_config(4, 1, 8, 2, 0, 128, 16, 1024);
+  no_chunk.wave_chunk = 0;
+  EXPECT_NE(msg(no_chunk).find("wave_chunk must be >= 1, got 0"), std::string::npos);
 }
 
 TEST(PlanLayout, ArraysAreAlignedOrderedAndDisjoint) {
@@ -238,6 +241,34 @@ TEST(PlanHand, EpRankOne) {
 
 // k = 1. Rank 0: 20 tokens to expert 1 (local, 2 tiles). Rank 1: 3 tokens to expert 0 (remote).
 // The all-local tiles of expert 1 are scheduled before expert 0's tile that waits for the pull.
+// k = 1, EP 4, rank 0 holds experts 0 and 1, 16 rows (one tile) per (expert, source) that has any:
+//   expert 0: tiles 0, 1, 2 from ranks 1, 2, 3 (waves 1, 2, 3);
+//   expert 1: tile 3 local, tiles 4, 5 from ranks 1 and 3 (waves 0, 1, 3).
+// wave_chunk cuts each expert's tiles into runs from its first tile, each run at its last tile's wave.
+TEST(PlanHand, WaveChunkSchedulesAnExpertsTilesTogether) {
+  const std::vector<std::vector<int32_t>> to0(16, {0}), to1(16, {1});
+  std::vector<std::vector<int32_t>> r1 = to0, r3 = to0;
+  r1.insert(r1.end(), to1.begin(), to1.end());
+  r3.insert(r3.end(), to1.begin(), to1.end());
+  const std::vector<RankRouting> routing = {hand_routing(0, to1), hand_routing(1, r1), hand_routing(2, to0),
+                                            hand_routing(3, r3)};
+  const std::pair<int, std::vector<int32_t>> expected[] = {
+      {1, {3, 0, 4, 1, 2, 5}},  // (wave, m): (0,3) (1,0) (1,4) (2,1) (3,2) (3,5)
+      {2, {3, 4, 0, 1, 2, 5}},  // expert 0: {0,1} at 2, {2} at 3; expert 1: {3 local, 4 at 1}, {5} at 3
+      {3, {3, 0, 1, 2, 4, 5}},  // expert 0: {0,1,2} at 3; expert 1: 3 local, {4,5} at 3
+      {8, {3, 0, 1, 2, 4, 5}}};
+  for (const auto& [chunk, order] : expected) {
+    PlanConfig cfg = make_config(4, 1, 8, 1, 0, 16, 32, 128);
+    cfg.wave_chunk = chunk;
+    const HostPlan plan = build_plan_host(cfg, views(routing));
+    const PlanView& v = plan.view();
+    ASSERT_EQ(*v.num_tiles, 6);
+    EXPECT_EQ(arr(v.tile_expert, 6), (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
+    EXPECT_EQ(arr(v.tile_order, 8), (std::vector<int32_t>{order[0], order[1], order[2], order[3], order[4], order[5], -1, -1}))
+        << "wave_chunk " << chunk;
+  }
+}
+
 TEST(PlanHand, LocalTilesFirstAndEmptyPlan) {
   std::vector<std::vector<int32_t>> r0(20, {1}), r1(3, {0});
   const std::vector<RankRouting> routing = {hand_routing(0, r0), hand_routing(1, r1)};
@@ -421,6 +452,18 @@ void check_properties(const PlanConfig& cfg, const std::vector<RankRouting>& rou
     ASSERT_EQ(v.tile_remote_rows[m], remote) << "tile " << m;
     ASSERT_EQ(v.tile_key[m], key) << "tile " << m;
   }
+  // The order: by (order wave, m). A tile's wave is the source position of its last remote row (0 if
+  // none); its order wave is 0 for an all-local tile, else the latest wave among the tiles of its chunk
+  // (its expert's tiles cut into runs of wave_chunk from the expert's first tile).
+  const auto wave = [&](int t) { return v.tile_key[t] < 0 ? 0 : cfg.position_of(v.unit_src[v.tile_key[t]]); };
+  const auto order_wave = [&](int t) {
+    if (v.tile_key[t] < 0) return 0;
+    const int e = v.tile_expert[t], first = v.expert_offset[e] / tm, end = v.expert_offset[e + 1] / tm;
+    const int lo = first + (t - first) / cfg.wave_chunk * cfg.wave_chunk;
+    int latest = 0;
+    for (int c = lo; c < std::min(lo + cfg.wave_chunk, end); ++c) latest = std::max(latest, wave(c));
+    return latest;
+  };
   std::vector<int> seen(tiles, 0);
   for (int i = 0; i < tiles; ++i) {
     const int m = v.tile_order[i];
@@ -429,10 +472,7 @@ void check_properties(const PlanConfig& cfg, const std::vector<RankRouting>& rou
     ++seen[m];
     if (i > 0) {
       const int p = v.tile_order[i - 1];
-      const auto wave = [&](int t) {  // the source position of the tile's last remote row, 0 if none
-        return v.tile_key[t] < 0 ? 0 : cfg.position_of(v.unit_src[v.tile_key[t]]);
-      };
-      ASSERT_LT(std::make_pair(wave(p), p), std::make_pair(wave(m), m)) << "order position " << i;
+      ASSERT_LT(std::make_pair(order_wave(p), p), std::make_pair(order_wave(m), m)) << "order position " << i;
     }
   }
   ASSERT_EQ(seen, std::vector<int>(tiles, 1));
@@ -463,12 +503,14 @@ TEST(PlanProperties, RandomRoutingsOverLayouts) {
             const auto routing = make_routing(MoeShape{64, 128, E, k, Activation::swiglu}, Parallel{lay.ep, lay.tp},
                                               tokens, kind, seed, hot);
             const int tile_m = variant == 0 ? 16 : 64;
+            const int wave_chunk = 1 + int(seed % 3);
             for (int rank = 0; rank < W; ++rank) {
-              const PlanConfig cfg = make_config(lay.ep, lay.tp, E, k, rank, tile_m, max_tokens,
-                                                 worst_rows(W, max_tokens, k, E / lay.ep, tile_m));
+              PlanConfig cfg = make_config(lay.ep, lay.tp, E, k, rank, tile_m, max_tokens,
+                                           worst_rows(W, max_tokens, k, E / lay.ep, tile_m));
+              cfg.wave_chunk = wave_chunk;
               SCOPED_TRACE(::testing::Message() << "W=" << W << " ep=" << lay.ep << " tp=" << lay.tp << " k=" << k
-                                              << " " << testing::to_string(kind) << " tile_m=" << tile_m << " rank=" << rank
-                                              << " seed=" << seed);
+                                              << " " << testing::to_string(kind) << " tile_m=" << tile_m
+                                              << " wave_chunk=" << wave_chunk << " rank=" << rank << " seed=" << seed);
               const HostPlan plan = build_plan_host(cfg, views(routing));
               check_properties(cfg, routing, plan);
               if (::testing::Test::HasFatalFailure()) return;

@@ -200,11 +200,12 @@ class PlanDevice : public ::testing::Test {
     RoutingBuffers buffers(W, RoutingBufferLayout{max_tokens, k}, mapped);
     buffers.upload(routing);
     for (int rank = 0; rank < W; ++rank) {
+      const int wave_chunk = 1 + rank % 3;  // the order kernel's chunked waves (plan.hpp) on every third rank
       SCOPED_TRACE(::testing::Message() << what << " W=" << W << " ep=" << ep << " tp=" << tp << " E=" << E << " k=" << k
                                         << " tile_m=" << tile_m << " T_cap=" << max_tokens << " rank=" << rank
-                                        << (mapped ? " mapped" : " device"));
-      const PlanConfig cfg = make_config(ep, tp, E, k, rank, tile_m, max_tokens,
-                                         worst_rows(W, max_tokens, k, E / ep, tile_m));
+                                        << " wave_chunk=" << wave_chunk << (mapped ? " mapped" : " device"));
+      PlanConfig cfg = make_config(ep, tp, E, k, rank, tile_m, max_tokens, worst_rows(W, max_tokens, k, E / ep, tile_m));
+      cfg.wave_chunk = wave_chunk;
       const HostPlan expected = build_plan_host(cfg, views(routing));
       DevicePlan plan(cfg);
       plan.build(buffers.table(), stream_);

@@ -116,6 +116,9 @@ Family draw_family(uint64_t seed) {
     // families that force it, likewise.
     auto order_rng = generator(seed, ~uint64_t(5));
     if (o.layer0.n_comm.value_or(0) > 0 && chance(order_rng, 1.0 / 3)) o.layer0.m_order = true;
+    // The plan's chunked wave order (MoeOptions::wave_chunk): 0 (the default), 1, 2, 3 or 8, its own stream.
+    auto chunk_rng = generator(seed, ~uint64_t(6));
+    o.wave_chunk = pick<int>(chunk_rng, {0, 1, 2, 3, 8});
     return f;
   }
 }
@@ -222,7 +225,7 @@ std::string describe(const Family& f) {
      << " link, T_cap " << f.max_tokens << ", rows cap " << (f.max_rows ? std::to_string(f.max_rows) : "worst case")
      << ", layer 0 " << describe(f.options.layer0) << ", layer 1 " << describe(f.options.layer1)
      << (f.options.adaptive_split ? ", adaptive" : "") << (f.options.batch_invariant ? ", batch-invariant" : "")
-     << ", store lag " << f.options.dispatch_store_lag
+     << ", store lag " << f.options.dispatch_store_lag << ", wave chunk " << f.options.wave_chunk
      << (f.options.training ? (f.grad_type == GradType::f32 ? ", training (f32 grads)" : ", training (bf16 grads)") : "")
      << (f.options.dtype == DType::e4m3 ? ", fp8 layer 0" : "")
      << (f.fused_activation ? ", activation backward in the epilogue" : "")

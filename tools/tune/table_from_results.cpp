@@ -196,8 +196,9 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
   };
   for (const json& r : records) {
     if (r.value("system", "") != "comet") continue;
-    // A fused layer 0 in m order (comet-bench --tile-order m) is not what an entry runs.
-    if (r.contains("tile_order")) continue;
+    // A fused layer 0 in m order (comet-bench --tile-order m) or with a wave chunk of the run's choosing
+    // (--wave-chunk) is not what an entry runs.
+    if (r.contains("tile_order") || r.contains("wave_chunk")) continue;
     const std::string layer = r.value("layer", "");
     if (launch_of(r) < 0) continue;
     if (!of_transport(r, a.transport)) continue;

@@ -168,6 +168,10 @@ TEST(BadInput, ConstructionIsRefusedWithTheReason) {
   MoeOptions lag;
   lag.dispatch_store_lag = 3;
   expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, lag); }, "1, 2, 4 or 8");
+  MoeOptions chunk;
+  chunk.wave_chunk = -1;
+  expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, chunk); },
+                 "wave_chunk must be >= 0");
   MoeOptions tile;
   tile.layer1 = LayerRequest::forced(320, 2);  // no kernel has a 320-wide tile
   expect_invalid([&] { FusedMoe f(team, kSmallSwiglu, Parallel{2, 1}, MoeCapacity{16, 0}, tile); }, "tile_n must be");

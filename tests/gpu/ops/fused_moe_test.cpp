@@ -32,6 +32,7 @@ struct Case {
   LayerRequest l0 = forced(256, 2);
   LayerRequest l1 = forced(256, 4);
   int hot = 0;
+  int wave_chunk = 0;  // MoeOptions::wave_chunk
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -42,6 +43,7 @@ MoeOptions options_of(const Case& c, const std::string& tune_table = "") {
   o.layer0 = c.l0;
   o.layer1 = c.l1;
   o.tune_table = tune_table;
+  o.wave_chunk = c.wave_chunk;
   return o;
 }
 
@@ -272,6 +274,40 @@ TEST(FusedMoe, Layer0MOrderEqualsArrivalOrderBitwise) {
         for (size_t r = 0; r < arrival.size(); ++r)
           EXPECT_EQ(0, std::memcmp(arrival[r].data(), in_m_order[r].data(), arrival[r].size() * sizeof(float)))
               << "rank " << r;
+      }
+  }
+}
+
+// The plan's chunked wave order (MoeOptions::wave_chunk: an expert's tiles in runs of N, each at its
+// last tile's wave) reorders layer 0's tiles only: the same bits as chunks of 1, and the reference's,
+// with one comm block (the longest waits) and several, tiles 256 and 128.
+TEST(FusedMoe, WaveChunksGiveTheSameBits) {
+  for (Case c : {Case{"ep4_top8_zipf", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
+                 Case{"ep8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::zipf, Link::host},
+                 Case{"ep2tp2_one_expert", kSmallSwiglu, {2, 2}, {64, 129, 0, 33}, RoutingKind::one_expert,
+                      Link::device}}) {
+    SCOPED_TRACE(c.name);
+    for (int tile : {256, 128})
+      for (int n_comm : {1, 3}) {
+        SCOPED_TRACE(::testing::Message() << "tile " << tile << " n_comm " << n_comm);
+        c.l0 = forced(tile, n_comm);
+        c.wave_chunk = 1;
+        std::vector<std::vector<float>> want;
+        {
+          Harness h(c);
+          h.run(c.l0, c.l1);
+          want = h.outputs();
+          check_outputs(h, want);
+        }
+        for (int chunk : {2, 5, 1000}) {
+          SCOPED_TRACE(::testing::Message() << "wave_chunk " << chunk);
+          c.wave_chunk = chunk;
+          Harness h(c);
+          h.run(c.l0, c.l1);
+          const auto got = h.outputs();
+          for (size_t r = 0; r < want.size(); ++r)
+            EXPECT_EQ(0, std::memcmp(want[r].data(), got[r].data(), want[r].size() * sizeof(float))) << "rank " << r;
+        }
       }
   }
 }

@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kOrderWarps * 32) plan_order_kernel(BuildGeome
   const int El = g.local_experts;
   const int tiles = *v.num_tiles;
   for (int e = threadIdx.x; e <= El; e += blockDim.x) s_first_tile[e] = v.expert_offset[e] / g.tile_m;
+  __syncthreads();  // an order wave reads its expert's first and last tile
   auto wave_of_tile = [&](int m) {
     const int e = segment_of(s_first_tile, El, m);
     return tile_order_wave(m, s_first_tile[e], s_first_tile[e + 1], g.wave_chunk, v.tile_key, v.unit_src, g.world,

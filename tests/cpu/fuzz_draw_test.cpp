@@ -88,8 +88,8 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   EXPECT_GT(checked_training, 150);
   EXPECT_GT(cublas, 60);  // a third of the families that force layer 1's sequential schedule (~1 in 14)
   EXPECT_GT(cublas_training, 20);
-  EXPECT_GT(m_order, 200);
-  for (int chunk : {0, 1, 2, 3, 8}) EXPECT_GT(wave_chunks[chunk], 100) << "wave chunk " << chunk;  // a third of the ~43 % families that force layer 0's fused schedule
+  EXPECT_GT(m_order, 200);  // a third of the ~43 % families that force layer 0's fused schedule
+  for (int chunk : {0, 1, 2, 3, 8}) EXPECT_GT(wave_chunks[chunk], 100) << "wave chunk " << chunk;  // a fifth each
   EXPECT_EQ(worlds, (std::set<int>{1, 2, 4, 8}));
   EXPECT_TRUE(tp && ep_tp && top1 && top8 && k_is_e && host && device && tight && training && forced && tuned && odd_h &&
               gelu && silu);

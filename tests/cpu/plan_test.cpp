@@ -239,8 +239,6 @@ TEST(PlanHand, EpRankOne) {
   EXPECT_EQ(arr(v.tile_order, 4), (std::vector<int32_t>{0, 1, -1, -1}));
 }
 
-// k = 1. Rank 0: 20 tokens to expert 1 (local, 2 tiles). Rank 1: 3 tokens to expert 0 (remote).
-// The all-local tiles of expert 1 are scheduled before expert 0's tile that waits for the pull.
 // k = 1, EP 4, rank 0 holds experts 0 and 1, 16 rows (one tile) per (expert, source) that has any:
 //   expert 0: tiles 0, 1, 2 from ranks 1, 2, 3 (waves 1, 2, 3);
 //   expert 1: tile 3 local, tiles 4, 5 from ranks 1 and 3 (waves 0, 1, 3).
@@ -269,6 +267,8 @@ TEST(PlanHand, WaveChunkSchedulesAnExpertsTilesTogether) {
   }
 }
 
+// k = 1. Rank 0: 20 tokens to expert 1 (local, 2 tiles). Rank 1: 3 tokens to expert 0 (remote).
+// The all-local tiles of expert 1 are scheduled before expert 0's tile that waits for the pull.
 TEST(PlanHand, LocalTilesFirstAndEmptyPlan) {
   std::vector<std::vector<int32_t>> r0(20, {1}), r1(3, {0});
   const std::vector<RankRouting> routing = {hand_routing(0, r0), hand_routing(1, r1)};

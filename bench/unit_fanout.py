@@ -33,12 +33,18 @@ def draw_token(rng, cdf, experts, k):
     return ids
 
 
-def ratios(experts, k, routing, tokens, ep, rng):
+def expert_cdf(experts, routing):
+    """The cumulative distribution of a token's expert choice: uniform, or Zipf 1.2 over the expert ids."""
     weights = [1.0] * experts if routing == "uniform" else [1 / (e + 1) ** 1.2 for e in range(experts)]
     total, acc, cdf = sum(weights), 0.0, []
     for w in weights:
         acc += w / total
         cdf.append(acc)
+    return cdf
+
+
+def ratios(experts, k, routing, tokens, ep, rng):
+    cdf = expert_cdf(experts, routing)
     per_rank = experts // ep
     rows, units = [0] * ep, [0] * ep
     for _ in range(tokens * ep):  # every rank's tokens: rank 0 gathers from all of them

@@ -18,16 +18,12 @@ order (the GEMM alone's order). DeepSeek-V3's W0 is 58.7 MB an expert, more than
 import argparse
 import random
 
-from unit_fanout import MODELS, draw_token
+from unit_fanout import MODELS, draw_token, expert_cdf
 
 
 def segments(experts, k, routing, tokens, ep, rng):
     """rows[e][j]: rank 0's rows of local expert e from source position j (source rank j for rank 0)."""
-    weights = [1.0] * experts if routing == "uniform" else [1 / (e + 1) ** 1.2 for e in range(experts)]
-    total, acc, cdf = sum(weights), 0.0, []
-    for w in weights:
-        acc += w / total
-        cdf.append(acc)
+    cdf = expert_cdf(experts, routing)
     local = experts // ep
     rows = [[0] * ep for _ in range(local)]
     for j in range(ep):

@@ -15,6 +15,7 @@
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "comet/weight_layout.hpp"
+#include "support/bitwise.hpp"
 #include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
 #include "ops/moe_engine.hpp"
@@ -69,17 +70,6 @@ BwdCase with_fused_act(BwdCase c, const char* name) {
 }
 
 std::ostream& operator<<(std::ostream& os, const BwdCase& c) { return os << c.name; }
-
-// Bitwise equal, or a message with how many elements differ and the first of them.
-::testing::AssertionResult bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size()) return ::testing::AssertionFailure() << a.size() << " elements against " << b.size();
-  size_t bad = 0, first = 0;
-  for (size_t i = 0; i < a.size(); ++i)
-    if (std::memcmp(&a[i], &b[i], 4) != 0 && bad++ == 0) first = i;
-  if (bad == 0) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << bad << " of " << a.size() << " elements differ, the first at " << first
-                                       << ": " << a[first] << " against " << b[first];
-}
 
 // One rank's gradient buffers.
 struct RankGrads {

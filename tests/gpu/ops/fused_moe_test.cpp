@@ -13,6 +13,7 @@
 #include "comet/fused_moe.hpp"
 #include "comet/reference.hpp"
 #include "tune/adaptive_split.hpp"
+#include "support/bitwise.hpp"
 #include "support/layer_checks.hpp"
 #include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
@@ -200,14 +201,14 @@ TEST(FusedMoe, BitwiseAcrossCommBlocksAndRepeats) {
     h.run(forced(256, n_comm, 2, 1), forced(256, n_comm, 3, 2));
     const auto got = h.outputs();
     for (size_t r = 0; r < got.size(); ++r)
-      EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "n_comm " << n_comm << " rank " << r;
+      EXPECT_TRUE(bitwise_equal(got[r], first[r])) << "n_comm " << n_comm << " rank " << r;
     EXPECT_EQ(first_hidden, plan_rows(h, 0, h.moe.hidden(0), Fs)) << "layer 0 hidden rows differ with n_comm " << n_comm;
   }
   for (int rep = 0; rep < 10; ++rep) {
     h.run(c.l0, c.l1);
     const auto got = h.outputs();
     for (size_t r = 0; r < got.size(); ++r)
-      EXPECT_EQ(0, std::memcmp(got[r].data(), first[r].data(), got[r].size() * 4)) << "repeat " << rep;
+      EXPECT_TRUE(bitwise_equal(got[r], first[r])) << "repeat " << rep;
   }
 }
 
@@ -245,7 +246,7 @@ TEST(FusedMoe, SequentialModeEqualsFusedBitwise) {
   check_outputs(h, sequential);
   check_layers(h);
   for (size_t r = 0; r < fused.size(); ++r)
-    EXPECT_EQ(0, std::memcmp(fused[r].data(), sequential[r].data(), fused[r].size() * sizeof(float))) << "rank " << r;
+    EXPECT_TRUE(bitwise_equal(fused[r], sequential[r])) << "rank " << r;
 }
 
 // Layer 0's fused launch with its tiles in m order (LayerRequest::m_order): the compute blocks take the
@@ -272,7 +273,7 @@ TEST(FusedMoe, Layer0MOrderEqualsArrivalOrderBitwise) {
         const auto in_m_order = h.outputs();
         check_outputs(h, in_m_order);
         for (size_t r = 0; r < arrival.size(); ++r)
-          EXPECT_EQ(0, std::memcmp(arrival[r].data(), in_m_order[r].data(), arrival[r].size() * sizeof(float)))
+          EXPECT_TRUE(bitwise_equal(arrival[r], in_m_order[r]))
               << "rank " << r;
       }
   }
@@ -306,7 +307,7 @@ TEST(FusedMoe, WaveChunksGiveTheSameBits) {
           h.run(c.l0, c.l1);
           const auto got = h.outputs();
           for (size_t r = 0; r < want.size(); ++r)
-            EXPECT_EQ(0, std::memcmp(want[r].data(), got[r].data(), want[r].size() * sizeof(float))) << "rank " << r;
+            EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
         }
       }
   }
@@ -333,7 +334,7 @@ TEST(FusedMoe, OneLaunchSequentialEqualsTwoLaunchesBitwise) {
         EXPECT_TRUE(h.moe.last_decision(0, 1).one_launch);
         const auto one = h.outputs();
         for (size_t r = 0; r < one.size(); ++r)
-          EXPECT_EQ(0, std::memcmp(one[r].data(), two[r].data(), one[r].size() * 4))
+          EXPECT_TRUE(bitwise_equal(one[r], two[r]))
               << "tile " << tile << " repeat " << repeat << " rank " << r;
       }
       check_layers(h);
@@ -355,7 +356,7 @@ TEST(FusedMoe, StandaloneGemmsGiveTheSameBits) {
       h.run(forced(256, 0), with_standalone(forced(256, 0), g));
       const auto got = h.outputs();
       for (size_t r = 0; r < fused.size(); ++r)
-        EXPECT_EQ(0, std::memcmp(fused[r].data(), got[r].data(), fused[r].size() * sizeof(float)))
+        EXPECT_TRUE(bitwise_equal(fused[r], got[r]))
             << c.name << " " << to_string(g) << ": rank " << r;
     }
   }
@@ -375,7 +376,7 @@ void expect_tile_widths_give_the_same_bits(const Case& c, bool layer0_too, int n
       h.run(layer0_too ? forced(tile, comm) : forced(256, 2), forced(tile, comm));
       const auto got = h.outputs();
       for (size_t r = 0; r < got.size(); ++r)
-        EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4))
+        EXPECT_TRUE(bitwise_equal(got[r], want[r]))
             << "tile " << tile << " n_comm " << comm << " rank " << r;
     }
   }
@@ -427,7 +428,7 @@ TEST(FusedMoe, Layer0Tile320MatchesTheReferenceAndTheWideTilesBits) {
       const auto got = h.outputs();
       check_outputs(h, got);
       for (size_t r = 0; r < got.size(); ++r)
-        EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * 4)) << "n_comm " << comm << " rank " << r;
+        EXPECT_TRUE(bitwise_equal(got[r], want[r])) << "n_comm " << comm << " rank " << r;
     }
   }
 }
@@ -474,7 +475,7 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
   h.run(forced(256, 4), forced(256, 4));
   const auto forced = h.outputs();
   for (int r = 0; r < W; ++r)
-    EXPECT_EQ(0, std::memcmp(adaptive[r].data(), forced[r].data(), adaptive[r].size() * sizeof(float))) << "rank " << r;
+    EXPECT_TRUE(bitwise_equal(adaptive[r], forced[r])) << "rank " << r;
 }
 
 // ---- after a failure (issue 21) ---------------------------------------------------------------------
@@ -681,7 +682,7 @@ TEST(FusedMoe, Int64IdsMatchInt32Bitwise) {
   h.fused.sync_and_check();
   const auto got = h.outputs();
   for (size_t r = 0; r < got.size(); ++r)
-    EXPECT_EQ(0, std::memcmp(got[r].data(), want[r].data(), got[r].size() * sizeof(float))) << "rank " << r;
+    EXPECT_TRUE(bitwise_equal(got[r], want[r])) << "rank " << r;
 
   std::vector<int64_t> wide(h.problem.inputs[3].ids.begin(), h.problem.inputs[3].ids.end());
   wide[5] = (int64_t(1) << 32) + 1;  // wraps onto expert 1 if narrowed blindly

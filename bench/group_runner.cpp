@@ -231,7 +231,12 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   r.layer = layer;
   r.system = system;
   r.dtype = o_.dtype;
-  if (system == "comet") r.wave_chunk = o_.wave_chunk;
+  // The chunk rank 0's plan orders its tiles with: --wave-chunk's, else the table's for the case's load
+  // class where that is not the default (so that a sweep's records say what ran).
+  if (system == "comet") {
+    const int chunk = moe_->engine().plan_wave_chunk(in.tokens, int(in.stats.rank0_rows));
+    r.wave_chunk = o_.wave_chunk > 0 ? o_.wave_chunk : chunk != kDefaultWaveChunk ? chunk : 0;
+  }
   r.tile_n = o_.tile_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;

@@ -33,6 +33,9 @@ class DevicePlan {
   // (num_units = num_tiles = 0) so that kernels that follow do nothing.
   void build(const void* const* peer_routing, cudaStream_t stream);
 
+  // The chunk rule the next builds order their tiles with (PlanConfig::chunk_rule; checked by validate).
+  void set_wave_chunk_rule(const WaveChunkRule& rule);
+
   // Copies the first error recorded since the last check to the host (synchronising `stream`); if
   // there is one, clears it and throws DeviceReportedError with describe_plan_error()'s message.
   // An error stays recorded through later good builds until a check reads it.

@@ -48,7 +48,8 @@ struct DeviceAllocator {
 enum class DeviceTransport : int { peer = 0, nvshmem = 1 };
 inline const char* to_string(DeviceTransport t) { return t == DeviceTransport::nvshmem ? "nvshmem" : "peer"; }
 
-// MoeOptions::wave_chunk's default (docs/design-changes.md, "Layer 0's tile order under skew").
+// MoeOptions::wave_chunk's default where the tuner has no chunk for the batch (docs/design-changes.md,
+// "Layer 0's tile order under skew").
 inline constexpr int kDefaultWaveChunk = 1;
 
 struct MoeOptions {
@@ -108,7 +109,9 @@ struct MoeOptions {
   // Layer 0's fused launch (and the backward of layer 1) computes its tiles wave by wave as their rows
   // arrive; an expert's tiles go in runs of this many, each run at the wave of its last tile, so that a
   // pass over the expert's weights serves that many tiles (PlanConfig::wave_chunk, comet/plan.hpp).
-  // 0: kDefaultWaveChunk. Any value >= 1 gives the same results, bit for bit.
+  // 0: per batch, the tuner's chunk for the batch's load class where its table has one (with the n_comm
+  // measured beside it; the adaptive split), else kDefaultWaveChunk. A value >= 1 holds every batch to
+  // it. Every chunk gives the same results, bit for bit.
   int wave_chunk = 0;
   // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
   std::string tune_table;

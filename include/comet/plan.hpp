@@ -47,6 +47,15 @@ struct PlanCapacity {
   int max_rows = 0;             // rows of the gathered buffer, padding included (a multiple of tile_m)
 };
 
+// A per-batch wave chunk: the rank's load class (its rows against expected_rows, rounded to 1, 2, 4 or 8:
+// load_class in src/tune/cost_model_eval.hpp) picks by_load[0..3] where that is > 0, else the config's
+// wave_chunk stands. expected_rows 0: no rule. The tuner's table fills it (LaunchPlanner::wave_chunk_rule)
+// with the chunk measured beside the n_comm that the fused kernel re-picks for the same class.
+struct WaveChunkRule {
+  double expected_rows = 0;
+  int by_load[4] = {};  // classes 1, 2, 4, 8 (kLoadClasses, comet/tune.hpp)
+};
+
 struct PlanConfig {
   MoeShape shape;
   Parallel par;
@@ -54,6 +63,7 @@ struct PlanConfig {
   int tile_m = 128;
   PlanCapacity cap;
   int wave_chunk = 1;  // M-tiles of one expert scheduled together in tile_order (see above), >= 1
+  WaveChunkRule chunk_rule;  // replaces wave_chunk by the batch's load class where it has an entry
 
   COMET_HD int world() const { return par.ep * par.tp; }
   COMET_HD int topk() const { return shape.topk; }
@@ -80,12 +90,14 @@ COMET_HD inline int tile_order_wave(int m, int first, int end, int wave_chunk, c
   return tile_wave(tile_key[last], unit_src, world, rank);
 }
 
-// Throws InvalidArgument if the configuration is unusable: rank outside [0, W), tile_m not in
+// Throws InvalidArgument if the configuration is unusable: wave_chunk < 1, a chunk rule with a negative
+// chunk or expected_rows negative or not finite, rank outside [0, W), tile_m not in
 // {16, 32, 64, 128, 256} (16 and 32 only serve small hand-made tests; the GEMM kernels use 64..256),
 // non-positive capacities, max_rows not a multiple of tile_m, more than 1024 local experts (the device
 // builder keeps per-expert tables in shared memory) or 65536 ranks, row counts that could overflow int32, or a
 // shape / layout that validate(MoeShape, Parallel) rejects.
 void validate(const PlanConfig& cfg);
+void validate(const WaveChunkRule& rule);  // the chunk rule's part of the above
 
 // Codes of the plan's status word. status[0] holds the first error's code, status[1..4] its details.
 // "First" is an order, not a race, so both builders name the same error: token counts by source rank,

@@ -151,6 +151,9 @@ struct LayerVariant {
   // With n_comm 0 and our GEMM in layers 1 and 3: the GEMM and the combine in one launch (comet-tune
   // sets it where that measured faster than two launches on the case).
   bool one_launch = false;
+  // Layer 0's entries of a load class > 1 only: the plan's wave chunk measured fastest beside this
+  // n_comm on the class (PlanConfig::chunk_rule, comet/plan.hpp); 0: the default order.
+  int wave_chunk = 0;
   // Entries of the weight gradients' keys (kWeightGradLaunch, comet/tune.hpp) only: the GEMM measured
   // fastest on the case (the other fields are unused there).
   WeightGradKernel weight_grad = WeightGradKernel::automatic;

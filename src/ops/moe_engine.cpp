@@ -16,6 +16,7 @@
 #include "kernels/layer_sync.hpp"
 #include "kernels/local_rows.hpp"
 #include "kernels/peer_failure.hpp"
+#include "plan/wave_chunk_rule.hpp"
 #if COMET_HAVE_NVSHMEM_KERNELS
 #include "kernels/nvshmem/fused_nvshmem.hpp"
 #include "team/nvshmem_heap.hpp"
@@ -376,6 +377,7 @@ void MoeEngine::prepare(int rank) {
     kernels::nvshmem::gather_routing(g, nvshmem_args(team_, staging_sym_, rank), s.stream);
   }
 #endif
+  s.plan.set_wave_chunk_rule(wave_chunk_rule(s.tokens));
   s.plan.build(nvshmem_transport() ? s.mirror_slots : team_.peer_ptrs(routing_sym_, rank), s.stream);
   // cuBLAS's GEMMs need the rows on the host: the copy starts now, each launch that runs them waits for it.
   if (wants_host_rows(s)) s.host_counts.read_async(s.plan.view(), par_.local_experts(shape_), s.stream);
@@ -389,6 +391,16 @@ void MoeEngine::prepare(int rank) {
     kernels::scatter_local(rows, s.a, token_row_bytes() / 2, shape_.topk, s.tokens * shape_.topk, s.plan.view(),
                            s.stream);
   }
+}
+
+WaveChunkRule MoeEngine::wave_chunk_rule(int tokens) const {
+  if (options_.wave_chunk > 0) return {};
+  return comet::wave_chunk_rule(planner_.plan(0, LayerMode::fused, tokens, options_.layer0).adapt);
+}
+
+int MoeEngine::plan_wave_chunk(int tokens, int rows) const {
+  return comet::plan_wave_chunk(options_.wave_chunk > 0 ? options_.wave_chunk : kDefaultWaveChunk,
+                                wave_chunk_rule(tokens), rows);
 }
 
 void MoeEngine::advance_epoch(int rank) {

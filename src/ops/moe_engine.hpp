@@ -59,7 +59,14 @@ class MoeEngine {
   // What the backward's launches (2, 3) are asked: the forward's request of the same kernel.
   LayerRequest backward_request(int launch) const;
   void stage(int rank, const RankBatch& batch);
+  // Builds the rank's plan for its staged batch, its tiles ordered for layer 0's launch with
+  // options.layer0's request (the tuner's chunk rule: wave_chunk_rule), and scatters its local rows.
   void prepare(int rank);
+  // The chunk rule prepare() gives a plan of `tokens` on this rank: layer 0's adaptive split's (the
+  // table's wave chunk per load class) for options.layer0; none where options.wave_chunk is set.
+  WaveChunkRule wave_chunk_rule(int tokens) const;
+  // The wave chunk the plan of a batch of `tokens` with `rows` on this rank orders its tiles with.
+  int plan_wave_chunk(int tokens, int rows) const;
   // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).
   void layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
   void layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});

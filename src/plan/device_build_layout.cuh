@@ -20,6 +20,7 @@ struct BuildGeometry {
   int world = 0, rank = 0;
   int num_experts = 0, local_experts = 0, first_expert = 0;
   int topk = 0, tile_m = 0, wave_chunk = 1;
+  WaveChunkRule chunk_rule;  // the order kernel's per-batch chunk (plan/wave_chunk_rule.hpp)
   int max_tokens = 0, max_rows = 0, max_units = 0, max_tiles = 0;
   int chunks = 0;       // kChunk-token chunks per source position: ceil(max_tokens / kChunk)
   int slot_stride = 0;  // words per source position in per-slot scratch (max_tokens * k rounded up to 4)
@@ -39,6 +40,7 @@ inline BuildGeometry make_geometry(const PlanConfig& cfg) {
   g.topk = cfg.topk();
   g.tile_m = cfg.tile_m;
   g.wave_chunk = cfg.wave_chunk;
+  g.chunk_rule = cfg.chunk_rule;
   g.max_tokens = cfg.cap.max_tokens_per_rank;
   g.max_rows = cfg.cap.max_rows;
   g.max_units = cfg.max_units();

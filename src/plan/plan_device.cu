@@ -116,6 +116,11 @@ void DevicePlan::build(const void* const* peer_routing, cudaStream_t stream) {
   if (checking_mode()) check(stream);
 }
 
+void DevicePlan::set_wave_chunk_rule(const WaveChunkRule& rule) {
+  validate(rule);
+  cfg_.chunk_rule = rule;
+}
+
 void DevicePlan::check(cudaStream_t stream) const {
   COMET_REQUIRE(storage_ != nullptr, "DevicePlan::check: the plan holds no storage");
   int32_t status[kPlanStatusWords] = {};

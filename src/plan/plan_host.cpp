@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "comet/plan.hpp"
+#include "plan/wave_chunk_rule.hpp"
 
 namespace comet {
 
@@ -165,10 +166,11 @@ HostPlan build_plan_host(const PlanConfig& cfg, const std::vector<RoutingView>& 
   }
   std::vector<int> order(tiles);
   std::iota(order.begin(), order.end(), 0);
+  const int chunk = plan_wave_chunk(cfg.wave_chunk, cfg.chunk_rule, std::accumulate(v.expert_rows, v.expert_rows + El, 0));
   auto wave = [&](int m) {
     const int e = v.tile_expert[m];
-    return tile_order_wave(m, v.expert_offset[e] / tm, v.expert_offset[e + 1] / tm, cfg.wave_chunk, v.tile_key,
-                           v.unit_src, cfg.world(), cfg.rank);
+    return tile_order_wave(m, v.expert_offset[e] / tm, v.expert_offset[e + 1] / tm, chunk, v.tile_key, v.unit_src,
+                           cfg.world(), cfg.rank);
   };
   std::sort(order.begin(), order.end(), [&](int a, int b) { return std::make_pair(wave(a), a) < std::make_pair(wave(b), b); });
   std::copy(order.begin(), order.end(), v.tile_order);

@@ -1,6 +1,7 @@
 // The plan's configuration checks, its memory layout (one block carved into 256-byte aligned arrays),
 // the messages of its status word, and HostPlan's storage.
 #include <climits>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -55,6 +56,14 @@ size_t carve(const PlanConfig& cfg, char* base, PlanView* view) {
 
 }  // namespace
 
+void validate(const WaveChunkRule& rule) {
+  COMET_REQUIRE(std::isfinite(rule.expected_rows) && rule.expected_rows >= 0,
+                "WaveChunkRule: expected_rows must be finite and >= 0, got ", rule.expected_rows);
+  for (int c = 0; c < 4; ++c)
+    COMET_REQUIRE(rule.by_load[c] >= 0, "WaveChunkRule: the chunk of load class ", 1 << c, " must be >= 0 (0: none), got ",
+                  rule.by_load[c]);
+}
+
 void validate(const PlanConfig& cfg) {
   validate(cfg.shape, cfg.par);
   const int W = cfg.world();
@@ -69,6 +78,7 @@ void validate(const PlanConfig& cfg) {
   COMET_REQUIRE(cfg.cap.max_rows % tm == 0, "PlanConfig: max_rows (", cfg.cap.max_rows,
                 ") must be a multiple of tile_m (", tm, ")");
   COMET_REQUIRE(cfg.wave_chunk >= 1, "PlanConfig: wave_chunk must be >= 1, got ", cfg.wave_chunk);
+  validate(cfg.chunk_rule);
   // The device builder's first-error key has 22 bits for the source rank.
   COMET_REQUIRE(W <= 65536, "PlanConfig: at most 65536 ranks are supported, got ", W);
   const int El = cfg.local_experts();

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "plan/device_build_layout.cuh"
+#include "plan/wave_chunk_rule.hpp"
 
 namespace comet::plan_dev {
 
@@ -40,14 +41,22 @@ __device__ inline int count_below(WaveAt wave_at, int lo, int hi, int wave, bool
 __global__ void __launch_bounds__(kOrderWarps * 32) plan_order_kernel(BuildGeometry g, PlanView v, bool keys_in_smem) {
   extern __shared__ int32_t order_smem[];                  // [num_tiles] waves when keys_in_smem
   __shared__ int32_t s_first_tile[kMaxLocalExperts + 1];  // first tile of each expert's run
+  __shared__ int32_t s_rows;                               // the rank's rows: its load class picks the chunk
   const int El = g.local_experts;
   const int tiles = *v.num_tiles;
-  for (int e = threadIdx.x; e <= El; e += blockDim.x) s_first_tile[e] = v.expert_offset[e] / g.tile_m;
-  __syncthreads();  // an order wave reads its expert's first and last tile
+  if (threadIdx.x == 0) s_rows = 0;
+  __syncthreads();
+  int rows = 0;
+  for (int e = threadIdx.x; e <= El; e += blockDim.x) {
+    s_first_tile[e] = v.expert_offset[e] / g.tile_m;
+    if (e < El) rows += v.expert_rows[e];
+  }
+  atomicAdd(&s_rows, rows);
+  __syncthreads();  // an order wave reads its expert's first and last tile, and the chunk
+  const int chunk = plan_wave_chunk(g.wave_chunk, g.chunk_rule, s_rows);
   auto wave_of_tile = [&](int m) {
     const int e = segment_of(s_first_tile, El, m);
-    return tile_order_wave(m, s_first_tile[e], s_first_tile[e + 1], g.wave_chunk, v.tile_key, v.unit_src, g.world,
-                           g.rank);
+    return tile_order_wave(m, s_first_tile[e], s_first_tile[e + 1], chunk, v.tile_key, v.unit_src, g.world, g.rank);
   };
   if (keys_in_smem) {
     for (int m = threadIdx.x; m < tiles; m += blockDim.x) order_smem[m] = wave_of_tile(m);

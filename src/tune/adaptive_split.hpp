@@ -9,7 +9,8 @@
 //   2. otherwise, if the cost model picks the same n_comm for the plan's counts as for the uniform
 //      expectation of the key, the host's pick (table or model) stands; if not, the model's pick for
 //      the plan's counts replaces it.
-// What the rule gained on the H200 sweeps: docs/design-changes.md (Tuner).
+// What the rule gained on the H200 sweeps: docs/design-changes.md (Tuner). Layer 0's entries of a class
+// may also carry the plan's wave chunk (chunk_by_load), which the plan applies from the same class.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,10 @@ struct AdaptiveSplit {
   int n_expected = 0;  // the cost model's pick for that expected work (sequential mode excluded)
   double expected_rows = 0;          // the rank's rows under uniform routing (load_class's scale)
   int n_by_load[kLoadClasses] = {};  // the table's n_comm per load class for this tile shape; 0: none
+  // Layer 0: the wave chunk the table's entry of each class was measured with (0: the default). The
+  // plan, built before the launch, orders its tiles by it (wave_chunk_rule below), so a class's chunk
+  // and n_comm run together.
+  int chunk_by_load[kLoadClasses] = {};
   int32_t* chosen = nullptr;  // written by block 0: the split the launch ran with (diagnostics)
 };
 
@@ -52,6 +57,16 @@ inline AdaptiveSplit make_adaptive_split(const MoeShape& s, const Parallel& p, i
   a.expected_rows = expected_rows(s, p, tokens);
   for (int c = 0; c < kLoadClasses; ++c) a.n_by_load[c] = by_load ? by_load[c] : 0;
   return a;
+}
+
+// The plan's chunk rule that goes with a split (comet/plan.hpp: WaveChunkRule): none unless the split
+// adapts and the table has a chunk for some class.
+inline WaveChunkRule wave_chunk_rule(const AdaptiveSplit& a) {
+  WaveChunkRule rule;
+  bool any = false;
+  for (int c = 0; c < kLoadClasses; ++c) any |= (rule.by_load[c] = a.enabled ? a.chunk_by_load[c] : 0) > 0;
+  rule.expected_rows = any ? a.expected_rows : 0;
+  return rule;
 }
 
 // The launch's comm blocks: the host's n_comm, or the adaptive pick, clamped to leave a compute block.

@@ -198,16 +198,20 @@ int LaunchPlanner::m_group_rule(int layer, LayerMode mode, int tokens, const Lau
 
 // What the kernel needs to re-pick n_comm from the batch's plan (adaptive_split.hpp): the table's pick
 // per load class for this tile (only entries with comm blocks: the sequential schedule is another
-// launch) and the cost model of this device.
+// launch), layer 0's wave chunk of those entries, and the cost model of this device.
 AdaptiveSplit LaunchPlanner::adaptive_split(int layer, int tokens, const LaunchDecision& d) const {
-  int by_load[kLoadClasses] = {};
+  int by_load[kLoadClasses] = {}, chunk_by_load[kLoadClasses] = {};
   for (int c = 1; c < kLoadClasses; ++c) {
     const TuneEntry* e = table_.find(key(layer, tokens, 1 << c));
-    if (e && e->variant.tile_n == d.tile_n && e->variant.n_comm > 0)
+    if (e && e->variant.tile_n == d.tile_n && e->variant.n_comm > 0) {
       by_load[c] = std::min(e->variant.n_comm, d.resident_blocks - 1);
+      chunk_by_load[c] = layer == 0 ? e->variant.wave_chunk : 0;  // the plan is ordered for layer 0
+    }
   }
-  return make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr, by_load,
-                             launch_dtype(layer));
+  AdaptiveSplit a = make_adaptive_split(shape_, par_, layer, tokens, model(), caps_.sms, d.tile_n, d.n_comm, nullptr,
+                                        by_load, launch_dtype(layer));
+  std::copy(chunk_by_load, chunk_by_load + kLoadClasses, a.chunk_by_load);
+  return a;
 }
 
 // The weight-gradient GEMM by shape. Measured on the H200 (bench/results/h200_bwd_wgrad_kernels_0bf5199.json,

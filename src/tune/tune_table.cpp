@@ -23,6 +23,7 @@ json to_json(const LayerVariant& v) {
   json j{{"tile_n", v.tile_n}, {"n_comm", v.n_comm}, {"m_group", v.m_group}, {"n_group", v.n_group}};
   if (v.standalone_gemm != StandaloneGemm::comet) j["standalone_gemm"] = to_string(v.standalone_gemm);
   if (v.one_launch) j["one_launch"] = true;
+  if (v.wave_chunk > 0) j["wave_chunk"] = v.wave_chunk;
   if (v.weight_grad != WeightGradKernel::automatic) j["weight_grad_kernel"] = to_string(v.weight_grad);
   return j;
 }
@@ -40,6 +41,8 @@ LayerVariant variant_from(const json& j) {
   }
   v.standalone_gemm = *g;
   v.one_launch = j.value("one_launch", false);
+  v.wave_chunk = j.value("wave_chunk", 0);
+  if (v.wave_chunk < 0) throw InvalidArgument(detail::concat("wave_chunk must be >= 0 (0: the default), got ", v.wave_chunk));
   const std::string wgrad = j.value("weight_grad_kernel", "auto");
   const std::optional<WeightGradKernel> w = weight_grad_kernel_named(wgrad);
   if (!w) throw InvalidArgument(detail::concat("weight_grad_kernel '", wgrad, "' is not ", enum_names(kWeightGradKernels)));

@@ -249,6 +249,49 @@ TEST(LaunchPlanner, AdaptiveSplitOnlyWhereTheTunerChoseTheCommBlocks) {
   EXPECT_FALSE(off.plan(1, LayerMode::fused, 4096, tile(256)).decision.adaptive);
 }
 
+// Layer 0's table entries of load classes > 1 carry the plan's wave chunk beside their n_comm: the
+// adaptive split holds both per class, and the plan's chunk rule takes them (only where the split adapts,
+// only entries of the launch's tile with comm blocks, only layer 0).
+TEST(LaunchPlanner, Layer0sLoadClassEntriesCarryTheirWaveChunk) {
+  const LaunchPlanner probe = planner(Parallel{8, 1});
+  TuneTable t;
+  auto entry = [](int tile_n, int n_comm, int chunk) {
+    LayerVariant v{tile_n, n_comm, 0, 1};
+    v.wave_chunk = chunk;
+    return TuneEntry{v, 1.0};
+  };
+  t.put(probe.key(0, 4096), entry(256, 8, 0));
+  t.put(probe.key(0, 4096, 2), entry(256, 6, 0));    // class 2: n_comm only (the default order)
+  t.put(probe.key(0, 4096, 4), entry(256, 8, 2));    // class 4: chunk 2
+  t.put(probe.key(0, 4096, 8), entry(128, 16, 4));   // class 8: another tile than the launch's: none
+  t.put(probe.key(1, 4096), entry(256, 8, 0));
+  t.put(probe.key(1, 4096, 4), entry(256, 4, 3));    // layer 1 has no tile order to cut
+  const LaunchPlanner p = planner(Parallel{8, 1}, t);
+  const PlannedLaunch& l0 = p.plan(0, LayerMode::fused, 4096, LayerRequest{});
+  ASSERT_TRUE(l0.decision.adaptive);
+  EXPECT_EQ(std::vector<int>(l0.adapt.n_by_load, l0.adapt.n_by_load + kLoadClasses), (std::vector<int>{0, 6, 8, 0}));
+  EXPECT_EQ(std::vector<int>(l0.adapt.chunk_by_load, l0.adapt.chunk_by_load + kLoadClasses),
+            (std::vector<int>{0, 0, 2, 0}));
+  const WaveChunkRule rule = wave_chunk_rule(l0.adapt);
+  EXPECT_EQ(std::vector<int>(rule.by_load, rule.by_load + 4), (std::vector<int>{0, 0, 2, 0}));
+  EXPECT_DOUBLE_EQ(rule.expected_rows, l0.adapt.expected_rows);
+  EXPECT_GT(rule.expected_rows, 0);
+  const PlannedLaunch& l1 = p.plan(1, LayerMode::fused, 4096, LayerRequest{});
+  EXPECT_EQ(std::vector<int>(l1.adapt.chunk_by_load, l1.adapt.chunk_by_load + kLoadClasses),
+            (std::vector<int>{0, 0, 0, 0}));
+  EXPECT_EQ(wave_chunk_rule(l1.adapt).expected_rows, 0);
+  // A forced n_comm: no adaptive split, so no rule (the plan keeps the configured chunk).
+  const PlannedLaunch& forced = p.plan(0, LayerMode::fused, 4096, LayerRequest::forced(256, 8));
+  EXPECT_FALSE(forced.decision.adaptive);
+  EXPECT_EQ(wave_chunk_rule(forced.adapt).expected_rows, 0);
+  // No chunk in any class: no rule either.
+  TuneTable plain;
+  plain.put(probe.key(0, 4096), entry(256, 8, 0));
+  plain.put(probe.key(0, 4096, 4), entry(256, 8, 0));
+  const LaunchPlanner q = planner(Parallel{8, 1}, plain);
+  EXPECT_EQ(wave_chunk_rule(q.plan(0, LayerMode::fused, 4096, LayerRequest{}).adapt).expected_rows, 0);
+}
+
 // batch_invariant: the tile shape no longer follows the table's per-bucket entries (a token's bits would
 // change with the batch size), only the layer's shape; n_comm may still come from the table.
 TEST(LaunchPlanner, BatchInvariantPinsTheTileShape) {

@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <string>
@@ -98,6 +100,13 @@ TEST(PlanConfig, RejectsBadConfigurations) {
   PlanConfig no_chunk = make_config(4, 1, 8, 2, 0, 128, 16, 1024);
   no_chunk.wave_chunk = 0;
   EXPECT_NE(msg(no_chunk).find("wave_chunk must be >= 1, got 0"), std::string::npos);
+  PlanConfig bad_rule = make_config(4, 1, 8, 2, 0, 128, 16, 1024);
+  bad_rule.chunk_rule = WaveChunkRule{100.0, {0, 2, -1, 0}};
+  EXPECT_NE(msg(bad_rule).find("chunk of load class 4 must be >= 0 (0: none), got -1"), std::string::npos);
+  bad_rule.chunk_rule = WaveChunkRule{std::nan(""), {0, 2, 0, 0}};
+  EXPECT_NE(msg(bad_rule).find("expected_rows must be finite and >= 0"), std::string::npos);
+  bad_rule.chunk_rule = WaveChunkRule{-1.0, {}};
+  EXPECT_NE(msg(bad_rule).find("expected_rows must be finite and >= 0, got -1"), std::string::npos);
 }
 
 TEST(PlanLayout, ArraysAreAlignedOrderedAndDisjoint) {
@@ -264,6 +273,49 @@ TEST(PlanHand, WaveChunkSchedulesAnExpertsTilesTogether) {
     EXPECT_EQ(arr(v.tile_expert, 6), (std::vector<int32_t>{0, 0, 0, 1, 1, 1}));
     EXPECT_EQ(arr(v.tile_order, 8), (std::vector<int32_t>{order[0], order[1], order[2], order[3], order[4], order[5], -1, -1}))
         << "wave_chunk " << chunk;
+  }
+}
+
+// The same routing (rank 0: 96 rows) under a chunk rule: the rank's load class, its rows against the
+// rule's expected rows rounded to a power of two (1 below 1.41x, 2 below 2.83x, 4 below 5.66x, else 8),
+// picks the chunk; a class without one, or no expected rows, keeps wave_chunk.
+TEST(PlanHand, WaveChunkRuleFollowsTheRanksLoadClass) {
+  const std::vector<std::vector<int32_t>> to0(16, {0}), to1(16, {1});
+  std::vector<std::vector<int32_t>> r1 = to0, r3 = to0;
+  r1.insert(r1.end(), to1.begin(), to1.end());
+  r3.insert(r3.end(), to1.begin(), to1.end());
+  const std::vector<RankRouting> routing = {hand_routing(0, to1), hand_routing(1, r1), hand_routing(2, to0),
+                                            hand_routing(3, r3)};
+  // The orders of the test above: chunks 1, 2 and 3.
+  const std::vector<int32_t> chunk1 = {3, 0, 4, 1, 2, 5, -1, -1}, chunk2 = {3, 4, 0, 1, 2, 5, -1, -1},
+                             chunk3 = {3, 0, 1, 2, 4, 5, -1, -1};
+  const WaveChunkRule rule_a{0, {0, 2, 3, 1}}, rule_b{0, {2, 0, 0, 3}};
+  const struct {
+    WaveChunkRule rule;
+    double expected_rows;
+    const std::vector<int32_t>& order;
+  } cases[] = {
+      {rule_a, 96.0, chunk1},   // 1.0x: class 1, no chunk: wave_chunk 1
+      {rule_a, 68.0, chunk1},   // 1.41x: just below class 2
+      {rule_a, 67.0, chunk2},   // 1.43x: class 2
+      {rule_a, 48.0, chunk2},   // 2.0x: class 2
+      {rule_a, 34.0, chunk2},   // 2.82x: just below class 4
+      {rule_a, 33.0, chunk3},   // 2.91x: class 4
+      {rule_a, 24.0, chunk3},   // 4.0x: class 4
+      {rule_a, 12.0, chunk1},   // 8.0x: class 8, chunk 1
+      {rule_b, 100.0, chunk2},  // 0.96x: class 1 has a chunk too
+      {rule_b, 16.0, chunk3},   // 6.0x: class 8
+      {rule_b, 0.0, chunk1},    // no expected rows: no rule
+  };
+  for (const auto& c : cases) {
+    PlanConfig cfg = make_config(4, 1, 8, 1, 0, 16, 32, 128);
+    cfg.chunk_rule = c.rule;
+    cfg.chunk_rule.expected_rows = c.expected_rows;
+    const HostPlan plan = build_plan_host(cfg, views(routing));
+    ASSERT_EQ(std::accumulate(plan.view().expert_rows, plan.view().expert_rows + 2, 0), 96);
+    EXPECT_EQ(arr(plan.view().tile_order, 8), c.order)
+        << "expected_rows " << c.expected_rows << ", chunks " << c.rule.by_load[0] << " " << c.rule.by_load[1] << " "
+        << c.rule.by_load[2] << " " << c.rule.by_load[3];
   }
 }
 
@@ -454,14 +506,22 @@ void check_properties(const PlanConfig& cfg, const std::vector<RankRouting>& rou
   }
   // The order: by (order wave, m). A tile's wave is the source position of its last remote row (0 if
   // none); its order wave is 0 for an all-local tile, else the latest wave among the tiles of its chunk
-  // (its expert's tiles cut into runs of wave_chunk from the expert's first tile).
+  // (its expert's tiles cut into runs of the chunk from the expert's first tile). The chunk: wave_chunk,
+  // or the chunk rule's for the rank's load class (its rows / expected rows: below sqrt 2 class 1, below
+  // 2 sqrt 2 class 2, below 4 sqrt 2 class 4, else 8) where the rule has one.
+  int chunk = cfg.wave_chunk;
+  if (cfg.chunk_rule.expected_rows > 0) {
+    const double x = std::accumulate(v.expert_rows, v.expert_rows + El, 0) / cfg.chunk_rule.expected_rows;
+    const int c = cfg.chunk_rule.by_load[x < std::sqrt(2.0) ? 0 : x < std::sqrt(8.0) ? 1 : x < std::sqrt(32.0) ? 2 : 3];
+    if (c > 0) chunk = c;
+  }
   const auto wave = [&](int t) { return v.tile_key[t] < 0 ? 0 : cfg.position_of(v.unit_src[v.tile_key[t]]); };
   const auto order_wave = [&](int t) {
     if (v.tile_key[t] < 0) return 0;
     const int e = v.tile_expert[t], first = v.expert_offset[e] / tm, end = v.expert_offset[e + 1] / tm;
-    const int lo = first + (t - first) / cfg.wave_chunk * cfg.wave_chunk;
+    const int lo = first + (t - first) / chunk * chunk;
     int latest = 0;
-    for (int c = lo; c < std::min(lo + cfg.wave_chunk, end); ++c) latest = std::max(latest, wave(c));
+    for (int c = lo; c < std::min(lo + chunk, end); ++c) latest = std::max(latest, wave(c));
     return latest;
   };
   std::vector<int> seen(tiles, 0);
@@ -508,9 +568,12 @@ TEST(PlanProperties, RandomRoutingsOverLayouts) {
               PlanConfig cfg = make_config(lay.ep, lay.tp, E, k, rank, tile_m, max_tokens,
                                            worst_rows(W, max_tokens, k, E / lay.ep, tile_m));
               cfg.wave_chunk = wave_chunk;
+              // Every other plan under a chunk rule whose expected rows put the ranks in various classes.
+              if (seed % 2) cfg.chunk_rule = WaveChunkRule{0.5 + (seed + rank) % 7 * 6.0, {0, 2, 3, 5}};
               SCOPED_TRACE(::testing::Message() << "W=" << W << " ep=" << lay.ep << " tp=" << lay.tp << " k=" << k
                                               << " " << testing::to_string(kind) << " tile_m=" << tile_m
-                                              << " wave_chunk=" << wave_chunk << " rank=" << rank << " seed=" << seed);
+                                              << " wave_chunk=" << wave_chunk << " rule expected_rows="
+                                              << cfg.chunk_rule.expected_rows << " rank=" << rank << " seed=" << seed);
               const HostPlan plan = build_plan_host(cfg, views(routing));
               check_properties(cfg, routing, plan);
               if (::testing::Test::HasFatalFailure()) return;

@@ -343,6 +343,34 @@ TEST(TuneTable, StandaloneGemmRoundTripsAndIsPicked) {
   std::remove(path.c_str());
 }
 
+// A layer-0 entry's wave chunk survives the JSON round trip (absent: 0, the default order); a negative
+// one is refused.
+TEST(TuneTable, WaveChunkRoundTrips) {
+  TuneTable t;
+  LayerVariant v{256, 8, 0, 1};
+  v.wave_chunk = 4;
+  t.put(key_for(0, 4096), TuneEntry{v, 1.0});
+  t.put(key_for(0, 16384), TuneEntry{LayerVariant{256, 8, 0, 1}, 2.0});
+  const std::string path = temp_path("wave_chunk.json");
+  t.save(path);
+  const TuneTable back = TuneTable::load(path);
+  EXPECT_EQ(back.find(key_for(0, 4096))->variant.wave_chunk, 4);
+  EXPECT_EQ(back.find(key_for(0, 16384))->variant.wave_chunk, 0);
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  std::string json = text.str();
+  ASSERT_EQ(json.find("\"wave_chunk\"", json.find("\"wave_chunk\"") + 1), std::string::npos);  // written once
+  json.replace(json.find("\"wave_chunk\": 4"), 15, "\"wave_chunk\": -4");
+  std::ofstream(path) << json;
+  try {
+    TuneTable::load(path);
+    ADD_FAILURE() << "a table with wave_chunk -4 loaded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("wave_chunk must be >= 0"), std::string::npos) << e.what();
+  }
+  std::remove(path.c_str());
+}
+
 // Every standalone GEMM's name reads back as itself; an unknown one is refused with the names it could be.
 TEST(TuneTable, StandaloneGemmNamesRoundTrip) {
   for (StandaloneGemm g : kStandaloneGemms) EXPECT_EQ(standalone_gemm_named(to_string(g)), g) << to_string(g);

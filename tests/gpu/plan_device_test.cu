@@ -201,13 +201,20 @@ class PlanDevice : public ::testing::Test {
     buffers.upload(routing);
     for (int rank = 0; rank < W; ++rank) {
       const int wave_chunk = 1 + rank % 3;  // the order kernel's chunked waves (plan.hpp) on every third rank
+      // On odd ranks a chunk rule (PlanConfig::chunk_rule), set after construction as the layer sets it
+      // per batch: its expected rows put the ranks of a matrix in several load classes.
+      const WaveChunkRule rule = rank % 2 ? WaveChunkRule{1.0 + rank * max_tokens * k / 8.0, {0, 2, 3, 5}}
+                                          : WaveChunkRule{};
       SCOPED_TRACE(::testing::Message() << what << " W=" << W << " ep=" << ep << " tp=" << tp << " E=" << E << " k=" << k
                                         << " tile_m=" << tile_m << " T_cap=" << max_tokens << " rank=" << rank
-                                        << " wave_chunk=" << wave_chunk << (mapped ? " mapped" : " device"));
+                                        << " wave_chunk=" << wave_chunk << " rule expected_rows=" << rule.expected_rows
+                                        << (mapped ? " mapped" : " device"));
       PlanConfig cfg = make_config(ep, tp, E, k, rank, tile_m, max_tokens, worst_rows(W, max_tokens, k, E / ep, tile_m));
       cfg.wave_chunk = wave_chunk;
-      const HostPlan expected = build_plan_host(cfg, views(routing));
       DevicePlan plan(cfg);
+      cfg.chunk_rule = rule;
+      const HostPlan expected = build_plan_host(cfg, views(routing));
+      plan.set_wave_chunk_rule(rule);
       plan.build(buffers.table(), stream_);
       EXPECT_NO_THROW(plan.check(stream_));
       expect_same_plan(expected, plan.to_host(stream_));

@@ -131,6 +131,8 @@ void evaluate(const std::vector<json>& records, const Args& a, const TuneTable& 
     const std::string id = r.value("model", "") + ' ' + r.value("layout", "") + ' ' + r.value("link", "") + ' ' +
                            r.value("routing", "") + " T=" + std::to_string(r.value("tokens_per_rank", 0)) + ' ' +
                            layer + (tile != 256 ? " tile " + std::to_string(tile) : std::string()) +
+                           (r.value("wave_chunk", 0) > 1 ? " chunk " + std::to_string(r.value("wave_chunk", 0))
+                                                         : std::string()) +
                            (r.value("dtype", "bf16") != "bf16" ? " " + r.value("dtype", "") : std::string());
     Case& c = cases[id];
     if (c.sweep.empty()) {

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "tune_records.hpp"
@@ -20,7 +22,15 @@ struct Best {
   LayerVariant v;
   double ms = 1e30;
 };
-using Points = std::map<std::pair<int, int>, Best>;  // one key's sweep: (tile_n, n_comm) -> time
+// One point of a key's sweep: the tile width, the comm blocks and layer 0's wave chunk (1: the default
+// order; a skewed sweep's entries may pick another, comet/plan.hpp: WaveChunkRule).
+struct PointId {
+  int tile_n = 256, n_comm = 0, wave_chunk = 1;
+  bool operator<(const PointId& o) const {
+    return std::tie(tile_n, n_comm, wave_chunk) < std::tie(o.tile_n, o.n_comm, o.wave_chunk);
+  }
+};
+using Points = std::map<PointId, Best>;  // one key's sweep: point -> time
 
 // The sequential mode runs its GEMM alone, so its width is the one whose GEMM-alone runs are the fastest
 // against cuBLAS (gemm_width_runs.hpp), under kMeasuredGain. Its time at that width: the sweep's fastest
@@ -33,7 +43,7 @@ void apply_width(const std::string& s, Best& b, const Points& sweep, const Width
   const auto pick = width_pick(it->second, kMeasuredGain);
   const Best* seq = nullptr;
   for (const auto& [pt, p] : sweep)
-    if (pt.second == 0 && it->second.count(pt.first) && (!seq || p.ms < seq->ms)) seq = &p;
+    if (pt.n_comm == 0 && pt.wave_chunk == 1 && it->second.count(pt.tile_n) && (!seq || p.ms < seq->ms)) seq = &p;
   if (!pick || !seq) return;
   const double ms = seq->ms * it->second.at(*pick) / it->second.at(seq->v.tile_n);
   if (b.v.n_comm == 0 ? *pick == b.v.tile_n : ms >= kMeasuredGain * b.ms) return;
@@ -56,7 +66,7 @@ std::map<StandaloneGemm, double>::const_iterator fastest_gemm(const std::map<Sta
 void prefer_sequential_standalone(const std::string& s, Best& b, const Points& sweep, const StandaloneRuns& runs) {
   std::optional<Best> alt;
   for (const auto& [tile, times] : runs) {
-    const auto seq = sweep.find({tile, 0});
+    const auto seq = sweep.find(PointId{tile, 0, 1});
     const auto ours = times.find(StandaloneGemm::comet);
     if (seq == sweep.end() || ours == times.end()) continue;
     const auto fastest = fastest_gemm(times);
@@ -169,7 +179,7 @@ void refine_entries(const std::map<std::string, TuneKey>& keys,
       if (!e || e->variant.n_comm != 0 || e->variant.one_launch) continue;
       Best b{k, e->variant, e->ms};
       // The runs are filed under the run's key (the link it ran on).
-      apply_width(s, b, Points{{{b.v.tile_n, 0}, b}}, widths);
+      apply_width(s, b, Points{{PointId{b.v.tile_n, 0, 1}, b}}, widths);
       apply_standalone(s, b, standalone, widths);
       if (b.v.tile_n == e->variant.tile_n && b.v.standalone_gemm == e->variant.standalone_gemm) continue;
       if (b.v.standalone_gemm != e->variant.standalone_gemm)  // apply_width printed a width change
@@ -189,16 +199,21 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
   std::map<std::string, StandaloneRuns> standalone;
   // Layer-0 gemm_only runs by gpu|link, then case, then tile_n.
   std::map<std::string, std::map<std::string, std::map<int, json>>> gemm_by_tile;
-  // A fused record's time at its (tile, n_comm) under key k; a later record replaces an earlier one.
+  // A fused record's time at its (tile, n_comm, wave chunk) under key k; a later record replaces an
+  // earlier one. The chunk orders layer 0's tiles only (other launches' records run the same order).
   auto add_point = [&](const TuneKey& k, const json& r) {
     const int tn = r.value("tile_n", 256), nc = r.value("n_comm", 1);
-    points[k.str()][{tn, nc}] = Best{k, LayerVariant{tn, nc, 0, 1}, r.value("median_ms", 1e30)};
+    const int chunk = launch_of(r) == 0 ? std::max(1, r.value("wave_chunk", 1)) : 1;
+    LayerVariant v{tn, nc, 0, 1};
+    v.wave_chunk = chunk > 1 ? chunk : 0;
+    points[k.str()][PointId{tn, nc, chunk}] = Best{k, v, r.value("median_ms", 1e30)};
   };
   for (const json& r : records) {
     if (r.value("system", "") != "comet") continue;
-    // A fused layer 0 in m order (comet-bench --tile-order m) or with a wave chunk of the run's choosing
-    // (--wave-chunk) is not what an entry runs.
-    if (r.contains("tile_order") || r.contains("wave_chunk")) continue;
+    // A fused layer 0 in m order (comet-bench --tile-order m) is not what an entry runs, nor, under uniform
+    // routing, one in wave chunks (the host's own picks, load class 1, keep the default order).
+    if (r.contains("tile_order")) continue;
+    if (r.value("wave_chunk", 1) > 1 && r.value("routing", "") == "uniform" && launch_of(r) == 0) continue;
     const std::string layer = r.value("layer", "");
     if (launch_of(r) < 0) continue;
     if (!of_transport(r, a.transport)) continue;
@@ -252,8 +267,18 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
     if (b.v.tile_n == 256) continue;
     const Best* wide = nullptr;
     for (const auto& [pt, p] : points[s])
-      if (pt.first == 256 && (!wide || p.ms < wide->ms)) wide = &p;
+      if (pt.tile_n == 256 && (!wide || p.ms < wide->ms)) wide = &p;
     if (wide && b.ms >= kMeasuredGain * wide->ms) b = *wide;
+  }
+  // Likewise a wave chunk other than the default replaces the default order's best point only when it
+  // beats it by kMeasuredGain (the chunked runs' time moved erratically with n_comm: docs/design-changes.md,
+  // "Layer 0's tile order under skew").
+  for (auto& [s, b] : best) {
+    if (b.v.wave_chunk == 0) continue;
+    const Best* plain = nullptr;
+    for (const auto& [pt, p] : points[s])
+      if (pt.wave_chunk == 1 && pt.tile_n == b.v.tile_n && (!plain || p.ms < plain->ms)) plain = &p;
+    if (plain && b.ms >= kMeasuredGain * plain->ms) b = *plain;
   }
   for (auto& [s, b] : best) apply_width(s, b, points[s], widths);
   // 128x128 and 128x192 tiles' rates against 128x256 at equal padding, from cases measured with both.
@@ -271,8 +296,9 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
   for (const auto& [s, b] : best) {
     table.put(b.key, TuneEntry{b.v, b.ms});
     const bool ours = b.v.standalone_gemm == StandaloneGemm::comet;
-    std::printf("  %-78s n_comm %2d  tile %d  %.3f ms%s%s\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms,
-                ours ? "" : "  gemm ", ours ? "" : to_string(b.v.standalone_gemm));
+    std::printf("  %-78s n_comm %2d  tile %d  %.3f ms%s%s%s\n", s.c_str(), b.v.n_comm, b.v.tile_n, b.ms,
+                ours ? "" : "  gemm ", ours ? "" : to_string(b.v.standalone_gemm),
+                b.v.wave_chunk > 0 ? ("  wave_chunk " + std::to_string(b.v.wave_chunk)).c_str() : "");
   }
   if (a.entries_only) return;
   for (const auto& [mk, rates] : gemm_rate) {

@@ -8,9 +8,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <numeric>
+
+#include <unistd.h>
 
 #include "comet/bf16.hpp"
+#include "comet/device_plan.hpp"
 #include "comet/fused_moe.hpp"
+#include "comet/plan.hpp"
 #include "comet/reference.hpp"
 #include "tune/adaptive_split.hpp"
 #include "support/bitwise.hpp"
@@ -476,6 +482,90 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
   const auto forced = h.outputs();
   for (int r = 0; r < W; ++r)
     EXPECT_TRUE(bitwise_equal(adaptive[r], forced[r])) << "rank " << r;
+}
+
+// The tuner's wave chunk per load class (layer 0's table entries of classes 2, 4 and 8 carry one beside
+// their n_comm): prepare() gives each rank's plan the chunk rule of layer 0's adaptive split, so a
+// skewed rank orders its tiles in its class's chunks (the host builder's order at that chunk, computed
+// here from the class's definition) and runs its class's n_comm; the outputs are the reference's, and
+// the default order's bit for bit.
+TEST(FusedMoe, TableWaveChunkOrdersTheSkewedRanksPlans) {
+  Case c{"table_chunk", kTop8, {4, 1}, {300, 20, 250, 77}, RoutingKind::zipf, Link::host};
+  c.l0 = c.l1 = LayerRequest{};
+  c.l0.tile_n = c.l1.tile_n = 256;
+  const int kChunks[kLoadClasses] = {0, 2, 3, 5};  // per class; class c's n_comm is 2 + c
+  std::string table;
+  {
+    LocalTeam probe_team(c.par.world(), c.link);
+    FusedMoe probe(probe_team, c.shape, c.par, MoeCapacity{300, 0}, MoeOptions{});
+    const LaunchPlanner& planner = probe.engine().planner();
+    TuneTable t;
+    for (int tokens : c.tokens) {
+      const int tk = std::max(1, tokens);
+      t.put(planner.key(0, tk), TuneEntry{LayerVariant{256, 2, 0, 1}, 1.0});
+      t.put(planner.key(1, tk), TuneEntry{LayerVariant{256, 4, 0, 1}, 1.0});
+      for (int cl = 1; cl < kLoadClasses; ++cl) {
+        LayerVariant v{256, 2 + cl, 0, 1};
+        v.wave_chunk = kChunks[cl];
+        t.put(planner.key(0, tk, 1 << cl), TuneEntry{v, 1.0});
+      }
+    }
+    table = (std::filesystem::temp_directory_path() / ("comet_chunk_table_" + std::to_string(getpid()) + ".json"))
+                .string();
+    t.save(table);
+  }
+  Harness h(c, 1, table);
+  const int W = c.par.world();
+  for (int r = 0; r < W; ++r) h.moe.stage(r, h.ranks[r]->batch());
+  h.team.barrier();
+  std::vector<int> used(W);
+  for (int r = 0; r < W; ++r) {
+    h.moe.prepare(r);
+    h.moe.layer0(r, LayerMode::fused, c.l0);
+    used[r] = h.moe.last_n_comm(r, 0);
+    h.moe.layer1(r, LayerMode::fused, c.l1);
+  }
+  h.team.barrier();
+  for (int r = 0; r < W; ++r) h.moe.finish(r, h.ranks[r]->batch());
+  h.moe.sync_and_check();
+  std::remove(table.c_str());
+  const auto tuned = h.outputs();
+  check_outputs(h, tuned);
+
+  std::vector<RoutingView> routing;
+  for (const auto& in : h.problem.inputs) routing.push_back(RoutingView{in.tokens, in.ids.data(), in.gates.data()});
+  int skewed = 0;
+  for (int r = 0; r < W; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r);
+    const DevicePlan& plan = h.moe.plan(r);
+    const WaveChunkRule& rule = plan.config().chunk_rule;
+    EXPECT_DOUBLE_EQ(rule.expected_rows, expected_rows(c.shape, c.par, std::max(1, c.tokens[r])));
+    EXPECT_EQ(std::vector<int>(rule.by_load, rule.by_load + kLoadClasses),
+              std::vector<int>(kChunks, kChunks + kLoadClasses));
+    const HostPlan got = plan.to_host(h.team.stream(r));
+    const int El = c.par.local_experts(c.shape);
+    const double x = std::accumulate(got.view().expert_rows, got.view().expert_rows + El, 0) / rule.expected_rows;
+    const int cl = x < std::sqrt(2.0) ? 0 : x < std::sqrt(8.0) ? 1 : x < std::sqrt(32.0) ? 2 : 3;
+    skewed += cl > 0;
+    PlanConfig cfg = plan.config();
+    cfg.chunk_rule = WaveChunkRule{};
+    cfg.wave_chunk = cl > 0 ? kChunks[cl] : kDefaultWaveChunk;
+    const HostPlan want = build_plan_host(cfg, routing);
+    const int tiles = *want.view().num_tiles;
+    ASSERT_EQ(*got.view().num_tiles, tiles);
+    EXPECT_EQ(std::vector<int32_t>(got.view().tile_order, got.view().tile_order + tiles),
+              std::vector<int32_t>(want.view().tile_order, want.view().tile_order + tiles))
+        << "load class " << (1 << cl) << " (rows / expected " << x << "), chunk " << cfg.wave_chunk;
+    if (cl > 0) EXPECT_EQ(used[r], 2 + cl) << "the n_comm of load class " << (1 << cl);
+  }
+  EXPECT_GT(skewed, 0) << "no rank of the case is skewed: the rule went untested";
+
+  Case plain = c;
+  plain.wave_chunk = kDefaultWaveChunk;  // every batch in the default order
+  Harness d(plain);
+  d.run(forced(256, 3), forced(256, 4));
+  const auto want = d.outputs();
+  for (int r = 0; r < W; ++r) EXPECT_TRUE(bitwise_equal(tuned[r], want[r])) << "rank " << r;
 }
 
 // ---- after a failure (issue 21) ---------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """comet-tune --from-results skips the records of a fused layer 0 in m order (comet-bench --tile-order m)
-and those of a layer built with a wave chunk of the run's choosing (--wave-chunk): no table entry runs
-either, so they must not pick an entry's n_comm.
+and, under uniform routing, those of a layer built in wave chunks (--wave-chunk): no entry of load class 1
+runs either (the host's picks keep the default order), so they must not pick an entry's n_comm. Skewed
+records in chunks give their class's entries a chunk: wave_chunk_records_test.
 
 Mixtral EP 8, device link, layer 0, a sweep at 1024, 2048 and 4096 tokens:
   1024: arrival order n_comm 2 1.00 ms, 8 0.90; m order n_comm 4 0.50: the entry is n_comm 8;

@@ -311,11 +311,16 @@ void MoeEngine::grad_steps(int rank, const RankGrad& g, const BackwardOptions& o
 
 LayerRequest MoeEngine::backward_request(int launch) const {
   // The backward's launches follow the forward's kernel of their kind (launch 2 is layer 0's kernel,
-  // 3 layer 1's), except a forced tile the backward was not compiled with (192): that is the planner's.
+  // 3 layer 1's), except a forced tile the backward was not compiled with (192): that is the planner's,
+  // and layer 0's m order.
   LayerRequest r = launch == 2 ? options_.layer0 : options_.layer1;
   if (r.tile_n && !kernels::is_supported_tile_n(*r.tile_n, launch)) r.tile_n.reset();
   // The NVSHMEM transport's backward has one width (transport_request sets it).
   if (r.tile_n && nvshmem_transport() && *r.tile_n != kNvshmemGradTileN) r.tile_n.reset();
+  // m order is layer 0's fused launch's alone (the planner refuses it elsewhere): launch 2 runs layer 0's
+  // kernel in arrival order. Without this, a training layer with layer0.m_order threw at its backward
+  // (fuzz family 125 in the GPU suite, on the H200 at c76ffa9).
+  r.m_order.reset();
   return r;
 }
 

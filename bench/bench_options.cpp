@@ -77,7 +77,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            LayerRequest::m_order); their records say tile_order m (default: wave)
   --wave-chunk N           an expert's tiles run in chunks of N in layer 0's wave order (MoeOptions::
                            wave_chunk); comet's records say wave_chunk N     (default: the library's:
-                           the table's chunk for the case's load class, which the records then say)
+                           a tuned launch the table's chunk for the case's load class, which its
+                           records then say; a forced one the default order)
   --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
                            (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)

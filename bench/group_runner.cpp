@@ -224,6 +224,14 @@ std::map<int, int> GroupRunner::chunk_counts_used() {
   return used_to_requested;
 }
 
+// The wave chunk rank 0's plan ran a tuned layer-0 launch with `r0` by (its table's chunk for the case's
+// load class), for that launch's records: 0 where it is the default order.
+int GroupRunner::tuned_chunk(const CaseInput& in, const LayerRequest& r0) const {
+  if (o_.wave_chunk > 0) return o_.wave_chunk;
+  const int chunk = moe_->engine().plan_wave_chunk(in.tokens, int(in.stats.rank0_rows), r0);
+  return chunk != kDefaultWaveChunk ? chunk : 0;
+}
+
 Record GroupRunner::base(const CaseInput& in, const std::string& layer, const std::string& system) const {
   Record r;
   r.key = CaseKey{model_.name,    layout_.name, layout_.par.world(), layout_.par.ep, layout_.par.tp,
@@ -231,12 +239,7 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   r.layer = layer;
   r.system = system;
   r.dtype = o_.dtype;
-  // The chunk rank 0's plan orders its tiles with: --wave-chunk's, else the table's for the case's load
-  // class where that is not the default (so that a sweep's records say what ran).
-  if (system == "comet") {
-    const int chunk = moe_->engine().plan_wave_chunk(in.tokens, int(in.stats.rank0_rows));
-    r.wave_chunk = o_.wave_chunk > 0 ? o_.wave_chunk : chunk != kDefaultWaveChunk ? chunk : 0;
-  }
+  if (system == "comet") r.wave_chunk = o_.wave_chunk;
   r.tile_n = o_.tile_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;
@@ -333,7 +336,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   // back at later calls) before any tuned timing, so that the tuned records time its verdicts.
   if (o_.check_schedule && want_comet && (L0 || L1 || FWD)) {
     for (int i = 0; i < 30; ++i) {  // each call synchronised: its times are in at the next call's query
-      moe.prepare(0);
+      moe.prepare(0, tuned(tuned_tn));
       moe.layer0(0, LayerMode::fused, tuned(tuned_tn));
       moe.layer1(0, LayerMode::fused, tuned(tuned_tn));
       moe.finish(0, b0);
@@ -355,7 +358,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       const double flops = launch_flops[layer];
       const int limit = moe.resident_blocks(layer, tn);
       if (layer >= 2 && !backward_staged) {
-        moe.prepare(0);
+        moe.prepare(0, tuned(tuned_tn));
         moe.layer0(0, LayerMode::fused, tuned(tuned_tn));
         moe.layer1(0, LayerMode::fused, tuned(tuned_tn));
         moe.finish(0, b0);
@@ -457,7 +460,9 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       if (tn_comm >= 0 && tn_comm < moe.resident_blocks(layer, pick.tile_n)) {
         auto run_tuned = [launch, tuned_tn] { launch(LayerMode::fused, tuned(tuned_tn)); };
         auto run_pick = [launch, &pick] { launch(LayerMode::fused, LayerRequest::forced(pick.tile_n, pick.n_comm)); };
-        const Timing t = o_.adaptive                                   ? time(pre, run_tuned)
+        // Layer 0's plan ordered for the tuned launch (its table's chunk rule), outside the timed region.
+        auto pre_tuned = [&] { layer == 0 ? moe.prepare(0, tuned(tuned_tn)) : pre(); };
+        const Timing t = o_.adaptive                                   ? time(pre_tuned, run_tuned)
                          : fused.count(tn_comm) && pick.tile_n == tn ? fused[tn_comm]
                                                                      : time(pre, run_pick);
         Record f = base(in, name, "comet");
@@ -465,6 +470,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         f.n_comm = o_.adaptive ? moe.last_n_comm(0, layer) : tn_comm;
         f.tuned = true;
         f.tile_n = pick.tile_n;
+        if (layer == 0 && o_.adaptive) f.wave_chunk = tuned_chunk(in, tuned(tuned_tn));
         f.picked_by = std::string(pick.picked_by) + (o_.adaptive ? "+adaptive" : "") + check_note(layer, in.tokens);
         stamp(f, t, flops, true);
       }
@@ -553,7 +559,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
   };
   // The whole forward of rank 0: prepare, layer 0, layer 1, final reduce.
   auto comet_forward = [&](const LayerRequest& r0, const LayerRequest& r1) {
-    moe.prepare(0);
+    moe.prepare(0, r0);
     moe.layer0(0, LayerMode::fused, r0);
     moe.layer1(0, LayerMode::fused, r1);
     moe.finish(0, b0);
@@ -596,6 +602,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       tr.n_comm_l1 = o_.adaptive ? moe.last_n_comm(0, 1) : t1.n_comm;
       tr.tuned = true;
       tr.tile_n = t0.tile_n;  // layer 0's (layer 1's is in picked_by's decision, not recorded)
+      if (o_.adaptive) tr.wave_chunk = tuned_chunk(in, v0);
       tr.picked_by = std::string(t0.picked_by) + "/" + t1.picked_by + (o_.adaptive ? "+adaptive" : "") +
                      check_note(0, in.tokens) + check_note(1, in.tokens);
       stamp(tr, tt, flops0 + flops1, true);
@@ -654,7 +661,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       retime_all({tuned_of(), &out.back(), seq_of()}, {comet, other, sequential}, flops, true, case_rows);
     };
     if (L0)
-      retime_pair(out, case_begin, "l0", {[&] { moe.prepare(0); }, [&] { moe.layer0(0, LayerMode::fused, r0); }},
+      retime_pair(out, case_begin, "l0", {[&] { moe.prepare(0, r0); }, [&] { moe.layer0(0, LayerMode::fused, r0); }},
                   {[&] { moe.prepare(0); }, [&] { seq.layer0(0); }}, flops0, case_rows);
     if (L1)
       retime_ab("l1", {[&] { moe.advance_epoch(0); }, [&] { moe.layer1(0, LayerMode::fused, r1); }},

@@ -60,6 +60,7 @@ class GroupRunner {
   Timing time(const std::function<void()>& pre, const std::function<void()>& fn);
   void stage_case(const CaseInput& input);
   Record base(const CaseInput& input, const std::string& layer, const std::string& system) const;
+  int tuned_chunk(const CaseInput& input, const LayerRequest& r0) const;
   // --check-schedule: what the check settled on for rank 0's launch (a picked_by suffix):
   // "+checked:pick" / "+checked:sequential", "+check:none" where it has no verdict (the pick was not a
   // fused split, or not settled); "" without the option.

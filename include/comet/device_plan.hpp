@@ -35,6 +35,8 @@ class DevicePlan {
 
   // The chunk rule the next builds order their tiles with (PlanConfig::chunk_rule; checked by validate).
   void set_wave_chunk_rule(const WaveChunkRule& rule);
+  // Sets the rule and re-runs only the build's last kernel (tile_order) on `stream`, after a build.
+  void reorder(const WaveChunkRule& rule, cudaStream_t stream);
 
   // Copies the first error recorded since the last check to the host (synchronising `stream`); if
   // there is one, clears it and throws DeviceReportedError with describe_plan_error()'s message.
@@ -46,6 +48,7 @@ class DevicePlan {
 
  private:
   void release() noexcept;
+  void launch_order(cudaStream_t stream);  // the build's kernel 4 (tile_order) with cfg_
   PlanConfig cfg_{};
   void* storage_ = nullptr;  // plan arrays (carve_plan)
   void* scratch_ = nullptr;  // builder scratch

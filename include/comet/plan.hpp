@@ -54,6 +54,10 @@ struct PlanCapacity {
 struct WaveChunkRule {
   double expected_rows = 0;
   int by_load[4] = {};  // classes 1, 2, 4, 8 (kLoadClasses, comet/tune.hpp)
+  bool operator==(const WaveChunkRule& o) const {
+    return expected_rows == o.expected_rows && by_load[0] == o.by_load[0] && by_load[1] == o.by_load[1] &&
+           by_load[2] == o.by_load[2] && by_load[3] == o.by_load[3];
+  }
 };
 
 struct PlanConfig {

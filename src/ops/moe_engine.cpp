@@ -363,7 +363,9 @@ void MoeEngine::stage(int rank, const RankBatch& b) {
   }
 }
 
-void MoeEngine::prepare(int rank) {
+void MoeEngine::prepare(int rank) { prepare(rank, options_.layer0); }
+
+void MoeEngine::prepare(int rank, const LayerRequest& layer0) {
   RankState& s = compute_state(rank);
 #if COMET_HAVE_NVSHMEM_KERNELS
   if (nvshmem_transport()) {
@@ -377,7 +379,7 @@ void MoeEngine::prepare(int rank) {
     kernels::nvshmem::gather_routing(g, nvshmem_args(team_, staging_sym_, rank), s.stream);
   }
 #endif
-  s.plan.set_wave_chunk_rule(wave_chunk_rule(s.tokens));
+  s.plan.set_wave_chunk_rule(wave_chunk_rule(s.tokens, layer0));
   s.plan.build(nvshmem_transport() ? s.mirror_slots : team_.peer_ptrs(routing_sym_, rank), s.stream);
   // cuBLAS's GEMMs need the rows on the host: the copy starts now, each launch that runs them waits for it.
   if (wants_host_rows(s)) s.host_counts.read_async(s.plan.view(), par_.local_experts(shape_), s.stream);
@@ -393,14 +395,14 @@ void MoeEngine::prepare(int rank) {
   }
 }
 
-WaveChunkRule MoeEngine::wave_chunk_rule(int tokens) const {
+WaveChunkRule MoeEngine::wave_chunk_rule(int tokens, const LayerRequest& layer0) const {
   if (options_.wave_chunk > 0) return {};
-  return comet::wave_chunk_rule(planner_.plan(0, LayerMode::fused, tokens, options_.layer0).adapt);
+  return comet::wave_chunk_rule(planner_.plan(0, LayerMode::fused, tokens, layer0).adapt);
 }
 
-int MoeEngine::plan_wave_chunk(int tokens, int rows) const {
+int MoeEngine::plan_wave_chunk(int tokens, int rows, const LayerRequest& layer0) const {
   return comet::plan_wave_chunk(options_.wave_chunk > 0 ? options_.wave_chunk : kDefaultWaveChunk,
-                                wave_chunk_rule(tokens), rows);
+                                wave_chunk_rule(tokens, layer0), rows);
 }
 
 void MoeEngine::advance_epoch(int rank) {
@@ -518,6 +520,11 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   const PlannedLaunch& planned = checked_plan(s, 0, mode, request, timed);
   const LaunchDecision& d = planned.decision;
   s.last[0] = d;
+  // The plan's tile order follows this launch: prepare() ordered it for the request it was given.
+  if (mode == LayerMode::fused && options_.wave_chunk == 0) {
+    const WaveChunkRule rule = comet::wave_chunk_rule(planned.adapt);
+    if (!(rule == s.plan.config().chunk_rule)) s.plan.reorder(rule, s.stream);
+  }
   kernels::Layer0Launch l;
   l.tile_n = d.tile_n;
   l.dtype = options_.dtype;

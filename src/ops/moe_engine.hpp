@@ -59,14 +59,18 @@ class MoeEngine {
   // What the backward's launches (2, 3) are asked: the forward's request of the same kernel.
   LayerRequest backward_request(int launch) const;
   void stage(int rank, const RankBatch& batch);
-  // Builds the rank's plan for its staged batch, its tiles ordered for layer 0's launch with
-  // options.layer0's request (the tuner's chunk rule: wave_chunk_rule), and scatters its local rows.
+  // Builds the rank's plan for its staged batch and scatters its local rows. The plan's tiles are
+  // ordered for layer 0's fused launch with `layer0` (default: options.layer0): the tuner's chunk rule
+  // of that launch (wave_chunk_rule). A layer0() whose launch wants another rule re-runs the plan's
+  // order kernel before it (a few microseconds), so the order always follows the launch.
   void prepare(int rank);
-  // The chunk rule prepare() gives a plan of `tokens` on this rank: layer 0's adaptive split's (the
-  // table's wave chunk per load class) for options.layer0; none where options.wave_chunk is set.
-  WaveChunkRule wave_chunk_rule(int tokens) const;
-  // The wave chunk the plan of a batch of `tokens` with `rows` on this rank orders its tiles with.
-  int plan_wave_chunk(int tokens, int rows) const;
+  void prepare(int rank, const LayerRequest& layer0);
+  // The chunk rule of layer 0's fused launch with `layer0` for `tokens` on this rank: its adaptive
+  // split's (the table's wave chunk per load class); none where options.wave_chunk is set or the launch
+  // does not adapt (a forced n_comm, the sequential schedule).
+  WaveChunkRule wave_chunk_rule(int tokens, const LayerRequest& layer0) const;
+  // The wave chunk that launch's plan orders a batch with `rows` on this rank by.
+  int plan_wave_chunk(int tokens, int rows, const LayerRequest& layer0) const;
   // A unit range (comm_only only) restricts which units are pulled (layer 0) or shipped (layer 1).
   void layer0(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});
   void layer1(int rank, LayerMode mode, const LayerRequest& request, UnitRange units = {});

@@ -108,12 +108,23 @@ void DevicePlan::build(const void* const* peer_routing, cudaStream_t stream) {
   COMET_CUDA_CHECK_LAUNCH();
   plan_scatter_kernel<<<chunk_blocks + fill_blocks(g), kChunk, 0, stream>>>(g, sc, view_, chunk_blocks);
   COMET_CUDA_CHECK_LAUNCH();
+  launch_order(stream);
+
+  if (checking_mode()) check(stream);
+}
+
+void DevicePlan::launch_order(cudaStream_t stream) {
+  const BuildGeometry g = make_geometry(cfg_);
   const size_t order_smem = order_kernel_smem(g);
   const int order_blocks = (g.max_tiles + kOrderTilesPerBlock - 1) / kOrderTilesPerBlock;
   plan_order_kernel<<<order_blocks, kOrderWarps * 32, order_smem, stream>>>(g, view_, order_smem > 0);
   COMET_CUDA_CHECK_LAUNCH();
+}
 
-  if (checking_mode()) check(stream);
+void DevicePlan::reorder(const WaveChunkRule& rule, cudaStream_t stream) {
+  COMET_REQUIRE(storage_ != nullptr, "DevicePlan::reorder: the plan holds no storage");
+  set_wave_chunk_rule(rule);
+  launch_order(stream);
 }
 
 void DevicePlan::set_wave_chunk_rule(const WaveChunkRule& rule) {

@@ -487,8 +487,8 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
 // The tuner's wave chunk per load class (layer 0's table entries of classes 2, 4 and 8 carry one beside
 // their n_comm): prepare() gives each rank's plan the chunk rule of layer 0's adaptive split, so a
 // skewed rank orders its tiles in its class's chunks (the host builder's order at that chunk, computed
-// here from the class's definition) and runs its class's n_comm; the outputs are the reference's, and
-// the default order's bit for bit.
+// here from the class's definition) and runs its class's n_comm; a forced launch after it re-orders the
+// plan by default; the outputs are the reference's, and the default order's bit for bit.
 TEST(FusedMoe, TableWaveChunkOrdersTheSkewedRanksPlans) {
   Case c{"table_chunk", kTop8, {4, 1}, {300, 20, 250, 77}, RoutingKind::zipf, Link::host};
   c.l0 = c.l1 = LayerRequest{};
@@ -559,6 +559,24 @@ TEST(FusedMoe, TableWaveChunkOrdersTheSkewedRanksPlans) {
     if (cl > 0) EXPECT_EQ(used[r], 2 + cl) << "the n_comm of load class " << (1 << cl);
   }
   EXPECT_GT(skewed, 0) << "no rank of the case is skewed: the rule went untested";
+
+  // A launch forced to an n_comm does not adapt, so it has no chunk rule: layer0() re-runs the order
+  // kernel of a plan prepare() ordered for options.layer0, and the plan is back in the default order.
+  h.run(forced(256, 3), forced(256, 4));
+  const auto reordered = h.outputs();
+  for (int r = 0; r < W; ++r) {
+    SCOPED_TRACE(::testing::Message() << "rank " << r << ", forced launch");
+    const DevicePlan& plan = h.moe.plan(r);
+    EXPECT_TRUE(plan.config().chunk_rule == WaveChunkRule{});
+    PlanConfig cfg = plan.config();
+    cfg.wave_chunk = kDefaultWaveChunk;
+    const HostPlan want = build_plan_host(cfg, routing);
+    const HostPlan got = plan.to_host(h.team.stream(r));
+    const int tiles = *want.view().num_tiles;
+    EXPECT_EQ(std::vector<int32_t>(got.view().tile_order, got.view().tile_order + tiles),
+              std::vector<int32_t>(want.view().tile_order, want.view().tile_order + tiles));
+    EXPECT_TRUE(bitwise_equal(reordered[r], tuned[r]));
+  }
 
   Case plain = c;
   plain.wave_chunk = kDefaultWaveChunk;  // every batch in the default order

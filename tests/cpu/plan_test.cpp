@@ -251,14 +251,17 @@ TEST(PlanHand, EpRankOne) {
 // k = 1, EP 4, rank 0 holds experts 0 and 1, 16 rows (one tile) per (expert, source) that has any:
 //   expert 0: tiles 0, 1, 2 from ranks 1, 2, 3 (waves 1, 2, 3);
 //   expert 1: tile 3 local, tiles 4, 5 from ranks 1 and 3 (waves 0, 1, 3).
-// wave_chunk cuts each expert's tiles into runs from its first tile, each run at its last tile's wave.
-TEST(PlanHand, WaveChunkSchedulesAnExpertsTilesTogether) {
+std::vector<RankRouting> wave_chunk_hand_routing() {
   const std::vector<std::vector<int32_t>> to0(16, {0}), to1(16, {1});
   std::vector<std::vector<int32_t>> r1 = to0, r3 = to0;
   r1.insert(r1.end(), to1.begin(), to1.end());
   r3.insert(r3.end(), to1.begin(), to1.end());
-  const std::vector<RankRouting> routing = {hand_routing(0, to1), hand_routing(1, r1), hand_routing(2, to0),
-                                            hand_routing(3, r3)};
+  return {hand_routing(0, to1), hand_routing(1, r1), hand_routing(2, to0), hand_routing(3, r3)};
+}
+
+// wave_chunk cuts each expert's tiles into runs from its first tile, each run at its last tile's wave.
+TEST(PlanHand, WaveChunkSchedulesAnExpertsTilesTogether) {
+  const std::vector<RankRouting> routing = wave_chunk_hand_routing();
   const std::pair<int, std::vector<int32_t>> expected[] = {
       {1, {3, 0, 4, 1, 2, 5}},  // (wave, m): (0,3) (1,0) (1,4) (2,1) (3,2) (3,5)
       {2, {3, 4, 0, 1, 2, 5}},  // expert 0: {0,1} at 2, {2} at 3; expert 1: {3 local, 4 at 1}, {5} at 3
@@ -280,12 +283,7 @@ TEST(PlanHand, WaveChunkSchedulesAnExpertsTilesTogether) {
 // rule's expected rows rounded to a power of two (1 below 1.41x, 2 below 2.83x, 4 below 5.66x, else 8),
 // picks the chunk; a class without one, or no expected rows, keeps wave_chunk.
 TEST(PlanHand, WaveChunkRuleFollowsTheRanksLoadClass) {
-  const std::vector<std::vector<int32_t>> to0(16, {0}), to1(16, {1});
-  std::vector<std::vector<int32_t>> r1 = to0, r3 = to0;
-  r1.insert(r1.end(), to1.begin(), to1.end());
-  r3.insert(r3.end(), to1.begin(), to1.end());
-  const std::vector<RankRouting> routing = {hand_routing(0, to1), hand_routing(1, r1), hand_routing(2, to0),
-                                            hand_routing(3, r3)};
+  const std::vector<RankRouting> routing = wave_chunk_hand_routing();
   // The orders of the test above: chunks 1, 2 and 3.
   const std::vector<int32_t> chunk1 = {3, 0, 4, 1, 2, 5, -1, -1}, chunk2 = {3, 4, 0, 1, 2, 5, -1, -1},
                              chunk3 = {3, 0, 1, 2, 4, 5, -1, -1};

@@ -343,6 +343,31 @@ TEST(TuneTable, StandaloneGemmRoundTripsAndIsPicked) {
   std::remove(path.c_str());
 }
 
+namespace {
+
+std::string file_text(const std::string& path) {
+  std::stringstream text;
+  text << std::ifstream(path).rdbuf();
+  return text.str();
+}
+
+// The saved table at `path` with the first `from` replaced by `to` is refused on load with `message`.
+void expect_edited_table_refused(const std::string& path, const std::string& from, const std::string& to,
+                                 const std::string& message) {
+  std::string json = file_text(path);
+  ASSERT_NE(json.find(from), std::string::npos) << from;
+  json.replace(json.find(from), from.size(), to);
+  std::ofstream(path) << json;
+  try {
+    TuneTable::load(path);
+    ADD_FAILURE() << "a table with " << to << " loaded";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+
 // A layer-0 entry's wave chunk survives the JSON round trip (absent: 0, the default order); a negative
 // one is refused.
 TEST(TuneTable, WaveChunkRoundTrips) {
@@ -356,18 +381,9 @@ TEST(TuneTable, WaveChunkRoundTrips) {
   const TuneTable back = TuneTable::load(path);
   EXPECT_EQ(back.find(key_for(0, 4096))->variant.wave_chunk, 4);
   EXPECT_EQ(back.find(key_for(0, 16384))->variant.wave_chunk, 0);
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  std::string json = text.str();
+  const std::string json = file_text(path);
   ASSERT_EQ(json.find("\"wave_chunk\"", json.find("\"wave_chunk\"") + 1), std::string::npos);  // written once
-  json.replace(json.find("\"wave_chunk\": 4"), 15, "\"wave_chunk\": -4");
-  std::ofstream(path) << json;
-  try {
-    TuneTable::load(path);
-    ADD_FAILURE() << "a table with wave_chunk -4 loaded";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("wave_chunk must be >= 0"), std::string::npos) << e.what();
-  }
+  expect_edited_table_refused(path, "\"wave_chunk\": 4", "\"wave_chunk\": -4", "wave_chunk must be >= 0");
   std::remove(path.c_str());
 }
 
@@ -380,20 +396,8 @@ TEST(TuneTable, StandaloneGemmNamesRoundTrip) {
   const std::string path = temp_path("standalone_160.json");
   t.save(path);
   EXPECT_EQ(TuneTable::load(path).find(key_for(2, 4096))->variant.standalone_gemm, StandaloneGemm::grouped_160);
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  std::string json = text.str();
-  json.replace(json.find("grouped_160"), 11, "grouped_161");
-  std::ofstream(path) << json;
-  try {
-    TuneTable::load(path);
-    ADD_FAILURE() << "a table naming grouped_161 loaded";
-  } catch (const InvalidArgument& e) {
-    const std::string names = "comet, grouped, grouped_cooperative, grouped_160, grouped_320 or cublas";
-    EXPECT_NE(std::string(e.what()).find("'grouped_161' is not " + names),
-              std::string::npos)
-        << e.what();
-  }
+  expect_edited_table_refused(path, "grouped_160", "grouped_161",
+                              "'grouped_161' is not comet, grouped, grouped_cooperative, grouped_160, grouped_320 or cublas");
   std::remove(path.c_str());
 }
 
@@ -412,19 +416,8 @@ TEST(TuneTable, WeightGradKernelRoundTrips) {
   const TuneTable back = TuneTable::load(path);
   EXPECT_EQ(back.find(key_for(kWeightGradLaunch, 4096))->variant.weight_grad, WeightGradKernel::grouped_cooperative);
   EXPECT_EQ(back.find(key_for(1, 4096))->variant.weight_grad, WeightGradKernel::automatic);
-  std::stringstream text;
-  text << std::ifstream(path).rdbuf();
-  std::string json = text.str();
-  json.replace(json.find("grouped_cooperative"), 19, "grouped_cooperatvie");
-  std::ofstream(path) << json;
-  try {
-    TuneTable::load(path);
-    ADD_FAILURE() << "a table naming grouped_cooperatvie loaded";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("weight_grad_kernel 'grouped_cooperatvie' is not auto, persistent, grouped, "
-                                         "grouped_cooperative or grouped_320"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_edited_table_refused(path, "grouped_cooperative", "grouped_cooperatvie",
+                              "weight_grad_kernel 'grouped_cooperatvie' is not auto, persistent, grouped, "
+                              "grouped_cooperative or grouped_320");
   std::remove(path.c_str());
 }

@@ -395,9 +395,12 @@ void MoeEngine::prepare(int rank, const LayerRequest& layer0) {
   }
 }
 
+WaveChunkRule MoeEngine::wave_chunk_rule(const PlannedLaunch& layer0) const {
+  return options_.wave_chunk > 0 ? WaveChunkRule{} : comet::wave_chunk_rule(layer0.adapt);
+}
+
 WaveChunkRule MoeEngine::wave_chunk_rule(int tokens, const LayerRequest& layer0) const {
-  if (options_.wave_chunk > 0) return {};
-  return comet::wave_chunk_rule(planner_.plan(0, LayerMode::fused, tokens, layer0).adapt);
+  return wave_chunk_rule(planner_.plan(0, LayerMode::fused, tokens, layer0));
 }
 
 int MoeEngine::plan_wave_chunk(int tokens, int rows, const LayerRequest& layer0) const {
@@ -521,8 +524,8 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   const LaunchDecision& d = planned.decision;
   s.last[0] = d;
   // The plan's tile order follows this launch: prepare() ordered it for the request it was given.
-  if (mode == LayerMode::fused && options_.wave_chunk == 0) {
-    const WaveChunkRule rule = comet::wave_chunk_rule(planned.adapt);
+  if (mode == LayerMode::fused) {
+    const WaveChunkRule rule = wave_chunk_rule(planned);
     if (!(rule == s.plan.config().chunk_rule)) s.plan.reorder(rule, s.stream);
   }
   kernels::Layer0Launch l;

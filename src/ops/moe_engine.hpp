@@ -61,8 +61,8 @@ class MoeEngine {
   void stage(int rank, const RankBatch& batch);
   // Builds the rank's plan for its staged batch and scatters its local rows. The plan's tiles are
   // ordered for layer 0's fused launch with `layer0` (default: options.layer0): the tuner's chunk rule
-  // of that launch (wave_chunk_rule). A layer0() whose launch wants another rule re-runs the plan's
-  // order kernel before it (a few microseconds), so the order always follows the launch.
+  // of that launch (wave_chunk_rule). A fused layer0() whose launch wants another rule re-runs the
+  // plan's order kernel before it (a few microseconds), so the order always follows the launch.
   void prepare(int rank);
   void prepare(int rank, const LayerRequest& layer0);
   // The chunk rule of layer 0's fused launch with `layer0` for `tokens` on this rank: its adaptive
@@ -207,6 +207,8 @@ class MoeEngine {
   // checked_plan.
   const PlannedLaunch& grad_plan(int layer, RankState& s, LayerMode mode, const LayerRequest& request,
                                  TimedLaunch& timed) const;
+  // A planned layer-0 launch's chunk rule (none where options.wave_chunk holds every batch to one chunk).
+  WaveChunkRule wave_chunk_rule(const PlannedLaunch& layer0) const;
   // The planner's decision for a launch of `launch` on rank s, or, under MoeOptions::check_schedule
   // where the pick is a fused split, the schedule the check runs now (the pick or the sequential
   // schedule); a launch the check times starts its timing in `timed`, which ends it when it goes out

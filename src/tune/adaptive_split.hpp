@@ -63,9 +63,11 @@ inline AdaptiveSplit make_adaptive_split(const MoeShape& s, const Parallel& p, i
 // adapts and the table has a chunk for some class.
 inline WaveChunkRule wave_chunk_rule(const AdaptiveSplit& a) {
   WaveChunkRule rule;
-  bool any = false;
-  for (int c = 0; c < kLoadClasses; ++c) any |= (rule.by_load[c] = a.enabled ? a.chunk_by_load[c] : 0) > 0;
-  rule.expected_rows = any ? a.expected_rows : 0;
+  if (!a.enabled) return rule;
+  for (int c = 0; c < kLoadClasses; ++c) {
+    rule.by_load[c] = a.chunk_by_load[c];
+    if (a.chunk_by_load[c] > 0) rule.expected_rows = a.expected_rows;
+  }
   return rule;
 }
 

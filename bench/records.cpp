@@ -112,6 +112,7 @@ std::string to_json(const std::vector<Record>& records, const RunInfo& info) {
     if (!r.picked_by.empty()) o.str("picked_by", r.picked_by);
     if (!r.tile_order.empty()) o.str("tile_order", r.tile_order);
     if (r.wave_chunk > 0) o.integer("wave_chunk", r.wave_chunk);
+    if (!r.pull_order.empty()) o.str("pull_order", r.pull_order);
     o.integer("tile_n", r.tile_n);
     o.integer("samples", r.samples);
     o.number("min_ms", r.min_ms);

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "comet/footprint.hpp"
+#include "comet/plan.hpp"
 #include "comet/shape.hpp"
 #include "comet/team.hpp"
 #include "comet/variant.hpp"
@@ -113,6 +114,10 @@ struct MoeOptions {
   // measured beside it; the adaptive split), else kDefaultWaveChunk. A value >= 1 holds every batch to
   // it. Every chunk gives the same results, bit for bit.
   int wave_chunk = 0;
+  // The order layer 0's comm blocks pull remote tokens in (PlanConfig::pull_order, comet/plan.hpp):
+  // source by source, or expert by expert (each expert's tiles complete together and are computed in
+  // m order, so each pass over an expert's weights serves all of its tiles). Same results, bit for bit.
+  PullOrder pull_order = PullOrder::source;
   // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
   std::string tune_table;
   DeviceAllocator allocator;  // empty: cudaMalloc / cudaFree

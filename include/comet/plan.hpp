@@ -24,6 +24,16 @@
 //    first tile. With wave_chunk 1 that is the tile's own wave; with more, a wave holds each expert's
 //    tiles in runs of wave_chunk (or the expert's last few), so that a pass over an expert's weights
 //    serves at least that many tiles (docs/design-changes.md, "Layer 0's tile order under skew").
+//  * Pull position p: the comm blocks' p-th pull is unit pull_unit[p]. Positions [0, num_local_units)
+//    are the local units (never pulled: scatter_local copies them). The remote positions follow the
+//    config's pull_order:
+//      source  unit order (pull_unit[p] = p): source by source, so each expert's tiles complete over
+//              all W - 1 waves;
+//      expert  the remote units sorted by their first row (the row of their smallest local expert):
+//              expert by expert, so that an expert's tiles complete together, in m order. Every tile
+//              with remote rows then has order wave 1 (all-local tiles 0): tile_order is the
+//              all-local tiles in m order, then the others in m order (chunks as above).
+//    Units keep their numbering either way (unit_begin/unit_end ranges, tile_key, layer 1).
 //  * Indexing: segment arrays are [e * W + j] (expert-major); tile_expert holds the LOCAL expert index
 //    (0..E_l-1, global id = first_local_expert() + e), like every other per-expert array here.
 //  * Every array is filled up to its capacity: entries past the used counts (units >= num_units,
@@ -60,6 +70,9 @@ struct WaveChunkRule {
   }
 };
 
+// Which order the comm blocks pull the remote units in (see "Pull position" above).
+enum class PullOrder : int { source = 0, expert = 1 };
+
 struct PlanConfig {
   MoeShape shape;
   Parallel par;
@@ -68,6 +81,7 @@ struct PlanConfig {
   PlanCapacity cap;
   int wave_chunk = 1;  // M-tiles of one expert scheduled together in tile_order (see above), >= 1
   WaveChunkRule chunk_rule;  // replaces wave_chunk by the batch's load class where it has an entry
+  PullOrder pull_order = PullOrder::source;
 
   COMET_HD int world() const { return par.ep * par.tp; }
   COMET_HD int topk() const { return shape.topk; }
@@ -80,21 +94,24 @@ struct PlanConfig {
 };
 
 // The wave of a tile with key `key` (see above); unit_src is the plan's array, `world`/`rank` its config.
-COMET_HD inline int tile_wave(int key, const int32_t* unit_src, int world, int rank) {
-  return key < 0 ? 0 : (unit_src[key] - rank + world) % world;
+// Pulled expert by expert, every tile that waits for a pull is in wave 1.
+COMET_HD inline int tile_wave(int key, const int32_t* unit_src, int world, int rank, PullOrder pull_order) {
+  if (key < 0) return 0;
+  return pull_order == PullOrder::expert ? 1 : (unit_src[key] - rank + world) % world;
 }
 
 // The order wave of M-tile m (see above), whose expert's tiles are [first, end); tile_key and unit_src
 // are the plan's arrays. Nondecreasing in m over one expert's tiles, as the wave is.
 COMET_HD inline int tile_order_wave(int m, int first, int end, int wave_chunk, const int32_t* tile_key,
-                                    const int32_t* unit_src, int world, int rank) {
+                                    const int32_t* unit_src, int world, int rank, PullOrder pull_order) {
   if (tile_key[m] < 0) return 0;
   const int chunk_end = first + ((m - first) / wave_chunk + 1) * wave_chunk;
   const int last = (chunk_end < end ? chunk_end : end) - 1;
-  return tile_wave(tile_key[last], unit_src, world, rank);
+  return tile_wave(tile_key[last], unit_src, world, rank, pull_order);
 }
 
-// Throws InvalidArgument if the configuration is unusable: wave_chunk < 1, a chunk rule with a negative
+// Throws InvalidArgument if the configuration is unusable: wave_chunk < 1, a pull_order that is not
+// a PullOrder, a chunk rule with a negative
 // chunk or expected_rows negative or not finite, rank outside [0, W), tile_m not in
 // {16, 32, 64, 128, 256} (16 and 32 only serve small hand-made tests; the GEMM kernels use 64..256),
 // non-positive capacities, max_rows not a multiple of tile_m, more than 1024 local experts (the device
@@ -168,6 +185,7 @@ struct PlanView {
   int32_t* tile_remote_rows = nullptr;  // [M]        rows pulled from other ranks
   int32_t* tile_key = nullptr;          // [M]
   int32_t* tile_order = nullptr;        // [M]        schedule order
+  int32_t* pull_unit = nullptr;         // [U]        unit of pull position p (see above), -1 past num_units
 };
 
 // Byte size of all arrays of a plan with this configuration, and how they are carved from one block.

@@ -1,8 +1,8 @@
-// Layer 0's comm role: pull remote token rows into the gathered buffer A, in the plan's pull order,
-// and publish each M-tile's readiness.
+// Layer 0's comm role: pull remote token rows into the gathered buffer A, in the plan's pull order
+// (plan.pull_unit: source by source, or expert by expert), and publish each M-tile's readiness.
 //
-// Comm block b of n_comm takes units begin + b, begin + b + n_comm, ... so that all comm blocks
-// advance through the pull order together (tiles become ready in tile_order). A block's units are
+// Comm block b of n_comm takes pull positions begin + b, begin + b + n_comm, ... so that all comm
+// blocks advance through the pull order together (tiles become ready in tile_order). A block's units are
 // dealt round-robin to up to kIssuers pipelines (unit i of the block goes to pipeline i % issuers).
 // Warps, joined by shared-memory rings whose slots are handed over with mbarriers (arrive = release,
 // wait = acquire; every thread that touches a slot waits and arrives itself):
@@ -326,7 +326,8 @@ __device__ inline void prefetch_metadata(const DispatchArgs& d, int first, int s
     if (!__all_sync(0xffffffffu, ok)) return;
     const int i = slot * kMetaSlotUnits + lane;
     if (i < count) {
-      const int u = first + i * stride;
+      const int position = first + i * stride;
+      const int u = d.unit_begin >= 0 ? position : d.plan.pull_unit[position];
       int32_t* meta = sm.meta(i);
       const uint64_t src =
           reinterpret_cast<uint64_t>(d.peer_x[d.plan.unit_src[u]] + size_t(d.plan.unit_token[u]) * d.hidden);

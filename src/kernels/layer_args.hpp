@@ -36,7 +36,8 @@ struct DispatchArgs {
   PlanView plan;
   int32_t* tile_arrived;  // [max_tiles] remote rows landed so far in this call (self-resetting)
   Epoch* tile_ready;      // [max_tiles] epoch of the last call whose rows are all in
-  int unit_begin;         // units to pull: [unit_begin, unit_end); -1: the plan's remote units
+  int unit_begin;         // units to pull: [unit_begin, unit_end) in unit order; -1: the plan's remote
+                          //   units, in its pull order (plan.pull_unit)
   int unit_end;
   int store_lag;          // bulk-store groups in flight before a unit is published: 1, 2, 4 or 8
 };

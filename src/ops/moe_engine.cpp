@@ -120,6 +120,8 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
   set_dispatch_store_lag(options_.dispatch_store_lag);
   COMET_REQUIRE(options_.wave_chunk >= 0, "FusedMoe: wave_chunk must be >= 0 (0: the default), got ",
                 options_.wave_chunk);
+  COMET_REQUIRE(options_.pull_order == PullOrder::source || options_.pull_order == PullOrder::expert,
+                "FusedMoe: pull_order must be PullOrder::source or PullOrder::expert, got ", int(options_.pull_order));
   options_.checking = options_.checking || checking_from_env();
   // A forced variant that cannot run (a tile not compiled for the layer, too many comm blocks) is
   // refused here, not half-way through a call. (Plans are memoised: this costs nothing later.)
@@ -175,6 +177,7 @@ MoeEngine::MoeEngine(Team& team, const MoeShape& shape, const Parallel& par, con
       if (options_.check_schedule) s->schedule_check = std::make_unique<ScheduleCheck>();
       PlanConfig plan{shape_, par_, r, kTileM, PlanCapacity{T, rows}};
       plan.wave_chunk = options_.wave_chunk > 0 ? options_.wave_chunk : kDefaultWaveChunk;
+      plan.pull_order = options_.pull_order;
       s->plan = DevicePlan(plan);
       s->a = alloc(*s, size_t(rows) * row_bytes);
       s->hid = alloc(*s, size_t(rows) * par_.ffn_shard(shape_) * 2);

@@ -21,6 +21,7 @@ struct BuildGeometry {
   int num_experts = 0, local_experts = 0, first_expert = 0;
   int topk = 0, tile_m = 0, wave_chunk = 1;
   WaveChunkRule chunk_rule;  // the order kernel's per-batch chunk (plan/wave_chunk_rule.hpp)
+  PullOrder pull_order = PullOrder::source;
   int max_tokens = 0, max_rows = 0, max_units = 0, max_tiles = 0;
   int chunks = 0;       // kChunk-token chunks per source position: ceil(max_tokens / kChunk)
   int slot_stride = 0;  // words per source position in per-slot scratch (max_tokens * k rounded up to 4)
@@ -41,6 +42,7 @@ inline BuildGeometry make_geometry(const PlanConfig& cfg) {
   g.tile_m = cfg.tile_m;
   g.wave_chunk = cfg.wave_chunk;
   g.chunk_rule = cfg.chunk_rule;
+  g.pull_order = cfg.pull_order;
   g.max_tokens = cfg.cap.max_tokens_per_rank;
   g.max_rows = cfg.cap.max_rows;
   g.max_units = cfg.max_units();
@@ -62,6 +64,8 @@ struct BuildScratch {
   int32_t* slot_code = nullptr;             // [W * slot_stride] e * kChunk + rank inside (chunk, e), -1 if the
                                             //   slot's expert is elsewhere
   float* slot_gate = nullptr;               // [W * slot_stride] a device copy of the gates
+  int32_t* tile_pulls = nullptr;            // [M] remote units whose first row is in the tile; the pull
+                                            //   kernels' scan makes it the tile's first remote position
 };
 
 inline size_t carve_scratch(const BuildGeometry& g, char* base, BuildScratch* out) {
@@ -80,6 +84,7 @@ inline size_t carve_scratch(const BuildGeometry& g, char* base, BuildScratch* ou
   take(s.token_unit, W * size_t(g.max_tokens));
   take(s.slot_code, W * size_t(g.slot_stride));
   take(s.slot_gate, W * size_t(g.slot_stride));
+  take(s.tile_pulls, size_t(g.max_tiles));
   if (out) *out = s;
   return offset;
 }

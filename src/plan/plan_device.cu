@@ -1,5 +1,5 @@
-// DevicePlan: owns the plan's device arrays and the builder's scratch, and enqueues the four build
-// kernels (count -> scan -> scatter -> order, see their headers) with no host synchronisation and no
+// DevicePlan: owns the plan's device arrays and the builder's scratch, and enqueues the build kernels
+// (count -> scan -> scatter -> pull order -> tile order, see their headers) with no host synchronisation and no
 // host knowledge of the counts: every grid is sized by capacity, so build() can be captured in a
 // CUDA graph. Builds of one DevicePlan must be ordered (one stream, or events between streams).
 #include <cstdlib>
@@ -11,6 +11,7 @@
 #include "plan/device_build_layout.cuh"
 #include "plan/plan_count_kernel.cuh"
 #include "plan/plan_order_kernel.cuh"
+#include "plan/plan_pull_kernel.cuh"
 #include "plan/plan_scan_kernel.cuh"
 #include "plan/plan_scatter_kernel.cuh"
 
@@ -107,6 +108,14 @@ void DevicePlan::build(const void* const* peer_routing, cudaStream_t stream) {
   plan_scan_kernel<<<1, kScanThreads, 0, stream>>>(peer_routing, g, sc, view_);
   COMET_CUDA_CHECK_LAUNCH();
   plan_scatter_kernel<<<chunk_blocks + fill_blocks(g), kChunk, 0, stream>>>(g, sc, view_, chunk_blocks);
+  COMET_CUDA_CHECK_LAUNCH();
+  if (g.pull_order == PullOrder::expert) {
+    plan_pull_count_kernel<<<pull_tile_blocks(g), kPullWarps * 32, 0, stream>>>(g, view_, sc);
+    COMET_CUDA_CHECK_LAUNCH();
+    plan_pull_scan_kernel<<<1, kPullScanThreads, 0, stream>>>(view_, sc);
+    COMET_CUDA_CHECK_LAUNCH();
+  }
+  plan_pull_place_kernel<<<pull_tile_blocks(g), kPullWarps * 32, 0, stream>>>(g, view_, sc);
   COMET_CUDA_CHECK_LAUNCH();
   launch_order(stream);
 

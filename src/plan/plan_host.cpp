@@ -72,6 +72,7 @@ void fill_unused(const PlanConfig& cfg, const PlanView& v) {
   std::fill_n(v.tile_remote_rows, M, -1);
   std::fill_n(v.tile_key, M, -1);
   std::fill_n(v.tile_order, M, -1);
+  std::fill_n(v.pull_unit, U, -1);
 }
 
 }  // namespace
@@ -143,6 +144,28 @@ HostPlan build_plan_host(const PlanConfig& cfg, const std::vector<RoutingView>& 
   }
   *v.num_units = units;
 
+  // Pull positions: the local units, then the remote ones in unit order (source) or by their first row
+  // (expert), i.e. the rows in order, each remote unit at the first of its rows.
+  const int local_units = *v.num_local_units;
+  int position = 0;
+  for (; position < local_units; ++position) v.pull_unit[position] = position;
+  if (cfg.pull_order == PullOrder::source) {
+    for (; position < units; ++position) v.pull_unit[position] = position;
+  } else {
+    auto first_row = [&](int u) {
+      int first = -1;
+      for (int slot = 0; slot < k; ++slot) {
+        const int row = v.unit_rows[size_t(u) * k + slot];
+        if (row >= 0 && (first < 0 || row < first)) first = row;
+      }
+      return first;
+    };
+    for (int row = 0; row < total_rows; ++row) {
+      const int u = v.row_unit[row];
+      if (u >= local_units && first_row(u) == row) v.pull_unit[position++] = u;
+    }
+  }
+
   // M-tiles, read off the rows: expert, valid rows, remote rows, and the last remote unit as key.
   const int tiles = total_rows / tm;
   *v.num_tiles = tiles;
@@ -170,7 +193,7 @@ HostPlan build_plan_host(const PlanConfig& cfg, const std::vector<RoutingView>& 
   auto wave = [&](int m) {
     const int e = v.tile_expert[m];
     return tile_order_wave(m, v.expert_offset[e] / tm, v.expert_offset[e + 1] / tm, chunk, v.tile_key, v.unit_src,
-                           cfg.world(), cfg.rank);
+                           cfg.world(), cfg.rank, cfg.pull_order);
   };
   std::sort(order.begin(), order.end(), [&](int a, int b) { return std::make_pair(wave(a), a) < std::make_pair(wave(b), b); });
   std::copy(order.begin(), order.end(), v.tile_order);

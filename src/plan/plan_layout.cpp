@@ -50,6 +50,7 @@ size_t carve(const PlanConfig& cfg, char* base, PlanView* view) {
   take(v.tile_remote_rows, M);
   take(v.tile_key, M);
   take(v.tile_order, M);
+  take(v.pull_unit, U);
   if (view) *view = v;
   return offset;
 }
@@ -78,6 +79,8 @@ void validate(const PlanConfig& cfg) {
   COMET_REQUIRE(cfg.cap.max_rows % tm == 0, "PlanConfig: max_rows (", cfg.cap.max_rows,
                 ") must be a multiple of tile_m (", tm, ")");
   COMET_REQUIRE(cfg.wave_chunk >= 1, "PlanConfig: wave_chunk must be >= 1, got ", cfg.wave_chunk);
+  COMET_REQUIRE(cfg.pull_order == PullOrder::source || cfg.pull_order == PullOrder::expert,
+                "PlanConfig: pull_order must be source (0) or expert (1), got ", int(cfg.pull_order));
   validate(cfg.chunk_rule);
   // The device builder's first-error key has 22 bits for the source rank.
   COMET_REQUIRE(W <= 65536, "PlanConfig: at most 65536 ranks are supported, got ", W);

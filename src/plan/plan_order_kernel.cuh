@@ -56,7 +56,8 @@ __global__ void __launch_bounds__(kOrderWarps * 32) plan_order_kernel(BuildGeome
   const int chunk = plan_wave_chunk(g.wave_chunk, g.chunk_rule, s_rows);
   auto wave_of_tile = [&](int m) {
     const int e = segment_of(s_first_tile, El, m);
-    return tile_order_wave(m, s_first_tile[e], s_first_tile[e + 1], chunk, v.tile_key, v.unit_src, g.world, g.rank);
+    return tile_order_wave(m, s_first_tile[e], s_first_tile[e + 1], chunk, v.tile_key, v.unit_src, g.world, g.rank,
+                           g.pull_order);
   };
   if (keys_in_smem) {
     for (int m = threadIdx.x; m < tiles; m += blockDim.x) order_smem[m] = wave_of_tile(m);

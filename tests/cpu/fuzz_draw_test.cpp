@@ -31,7 +31,7 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   bool tp = false, ep_tp = false, top1 = false, top8 = false, k_is_e = false, host = false, device = false;
   bool tight = false, training = false, forced = false, tuned = false, odd_h = false, gelu = false, silu = false;
   int fp8 = 0, fp8_ep_tp = 0, fp8_host = 0, fused_act = 0, two_pass = 0, checked = 0, checked_training = 0;
-  int cublas = 0, cublas_training = 0, m_order = 0;
+  int cublas = 0, cublas_training = 0, m_order = 0, expert_pulls = 0, expert_pulls_m_order = 0;
   std::map<int, int> wave_chunks;
   for (uint64_t seed = 1; seed <= 3000; ++seed) {
     const Family f = draw_family(seed);
@@ -64,6 +64,8 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
     if (f.options.layer0.m_order) ASSERT_GT(f.options.layer0.n_comm.value_or(0), 0) << describe(f);
     m_order += f.options.layer0.m_order.value_or(false);
     ++wave_chunks[f.options.wave_chunk];
+    expert_pulls += f.options.pull_order == PullOrder::expert;
+    expert_pulls_m_order += f.options.pull_order == PullOrder::expert && f.options.layer0.m_order.value_or(false);
     forced |= f.options.layer0.n_comm.has_value();
     tuned |= !f.options.layer1.n_comm.has_value();
     odd_h |= s.hidden % 64 != 0;
@@ -89,6 +91,8 @@ TEST(FuzzDraw, FamiliesAreValidAndCoverTheLayouts) {
   EXPECT_GT(cublas, 60);  // a third of the families that force layer 1's sequential schedule (~1 in 14)
   EXPECT_GT(cublas_training, 20);
   EXPECT_GT(m_order, 200);  // a third of the ~43 % families that force layer 0's fused schedule
+  EXPECT_GT(expert_pulls, 1300);  // half, each chunk and m order among them
+  EXPECT_GT(expert_pulls_m_order, 100);
   for (int chunk : {0, 1, 2, 3, 8}) EXPECT_GT(wave_chunks[chunk], 100) << "wave chunk " << chunk;  // a fifth each
   EXPECT_EQ(worlds, (std::set<int>{1, 2, 4, 8}));
   EXPECT_TRUE(tp && ep_tp && top1 && top8 && k_is_e && host && device && tight && training && forced && tuned && odd_h &&

@@ -105,6 +105,9 @@ TEST(PlanConfig, RejectsBadConfigurations) {
   EXPECT_NE(msg(bad_rule).find("chunk of load class 4 must be >= 0 (0: none), got -1"), std::string::npos);
   bad_rule.chunk_rule = WaveChunkRule{std::nan(""), {0, 2, 0, 0}};
   EXPECT_NE(msg(bad_rule).find("expected_rows must be finite and >= 0"), std::string::npos);
+  PlanConfig bad_order = make_config(4, 1, 8, 2, 0, 128, 16, 1024);
+  bad_order.pull_order = PullOrder(2);
+  EXPECT_NE(msg(bad_order).find("pull_order must be source (0) or expert (1), got 2"), std::string::npos);
   bad_rule.chunk_rule = WaveChunkRule{-1.0, {}};
   EXPECT_NE(msg(bad_rule).find("expected_rows must be finite and >= 0, got -1"), std::string::npos);
 }
@@ -124,7 +127,7 @@ TEST(PlanLayout, ArraysAreAlignedOrderedAndDisjoint) {
       {v.unit_token, U * 4},            {v.unit_rows, U * k * 4},   {v.unit_gates, U * k * 4},
       {v.row_unit, R * 4},              {v.row_slot, R * 4},        {v.num_tiles, 4},
       {v.tile_expert, M * 4},           {v.tile_rows, M * 4},       {v.tile_remote_rows, M * 4},
-      {v.tile_key, M * 4},              {v.tile_order, M * 4}};
+      {v.tile_key, M * 4},              {v.tile_order, M * 4},      {v.pull_unit, U * 4}};
   EXPECT_EQ(arrays.front().first, base);
   for (size_t i = 0; i < arrays.size(); ++i) {
     const char* p = static_cast<const char*>(arrays[i].first);
@@ -314,6 +317,32 @@ TEST(PlanHand, WaveChunkRuleFollowsTheRanksLoadClass) {
     EXPECT_EQ(arr(plan.view().tile_order, 8), c.order)
         << "expected_rows " << c.expected_rows << ", chunks " << c.rule.by_load[0] << " " << c.rule.by_load[1] << " "
         << c.rule.by_load[2] << " " << c.rule.by_load[3];
+  }
+}
+
+// Rank 0 of EP 3 (experts 0 and 1 here), k = 2, tile 16. Rank 0: t0 -> {0, 2}. Rank 1: t0 -> {1, 4},
+// t1 -> {0, 1}. Rank 2: t0 -> {0, 5}. Units: (0,t0) local = 0, (1,t0) = 1, (1,t1) = 2, (2,t0) = 3.
+// Expert 0 (tile 0): rows 0 (unit 0), 1 (unit 2), 2 (unit 3); expert 1 (tile 1): rows 16 (unit 1), 17 (unit 2).
+// Source by source, tile 1 completes in wave 1 and tile 0 in wave 2: order {1, 0}. Expert by expert,
+// the pulls go by first row: unit 2 (row 1), 3 (row 2), 1 (row 16), and the tiles in m order.
+TEST(PlanHand, PullOrderExpertByExpert) {
+  const std::vector<RankRouting> routing = {hand_routing(0, {{0, 2}}), hand_routing(1, {{1, 4}, {0, 1}}),
+                                            hand_routing(2, {{0, 5}})};
+  const struct {
+    PullOrder order;
+    std::vector<int32_t> pulls, tiles;
+  } cases[] = {{PullOrder::source, {0, 1, 2, 3, -1, -1, -1, -1, -1, -1, -1, -1}, {1, 0, -1, -1}},
+               {PullOrder::expert, {0, 2, 3, 1, -1, -1, -1, -1, -1, -1, -1, -1}, {0, 1, -1, -1}}};
+  for (const auto& c : cases) {
+    PlanConfig cfg = make_config(3, 1, 6, 2, 0, 16, 4, 64);
+    cfg.pull_order = c.order;
+    const HostPlan plan = build_plan_host(cfg, views(routing));
+    const PlanView& v = plan.view();
+    ASSERT_EQ(*v.num_units, 4);
+    EXPECT_EQ(arr(v.row_unit, 3), (std::vector<int32_t>{0, 2, 3}));
+    EXPECT_EQ(arr(v.row_unit + 16, 2), (std::vector<int32_t>{1, 2}));
+    EXPECT_EQ(arr(v.pull_unit, 12), c.pulls) << "pull order " << int(c.order);
+    EXPECT_EQ(arr(v.tile_order, 4), c.tiles) << "pull order " << int(c.order);
   }
 }
 
@@ -513,7 +542,11 @@ void check_properties(const PlanConfig& cfg, const std::vector<RankRouting>& rou
     const int c = cfg.chunk_rule.by_load[x < std::sqrt(2.0) ? 0 : x < std::sqrt(8.0) ? 1 : x < std::sqrt(32.0) ? 2 : 3];
     if (c > 0) chunk = c;
   }
-  const auto wave = [&](int t) { return v.tile_key[t] < 0 ? 0 : cfg.position_of(v.unit_src[v.tile_key[t]]); };
+  // Pulled expert by expert, every tile that waits for a pull is in wave 1.
+  const bool by_expert = cfg.pull_order == PullOrder::expert;
+  const auto wave = [&](int t) {
+    return v.tile_key[t] < 0 ? 0 : by_expert ? 1 : cfg.position_of(v.unit_src[v.tile_key[t]]);
+  };
   const auto order_wave = [&](int t) {
     if (v.tile_key[t] < 0) return 0;
     const int e = v.tile_expert[t], first = v.expert_offset[e] / tm, end = v.expert_offset[e + 1] / tm;
@@ -534,6 +567,41 @@ void check_properties(const PlanConfig& cfg, const std::vector<RankRouting>& rou
     }
   }
   ASSERT_EQ(seen, std::vector<int>(tiles, 1));
+
+  // Pull positions: the local units in unit order, then every remote unit once: in unit order (source),
+  // or (expert) by the smallest row any of its slots has here; -1 past the units.
+  const int units_here = int(units.size());
+  std::vector<std::pair<int, int>> remote;  // (sort key, unit)
+  for (int u = local_units; u < units_here; ++u) {
+    int first_row = R;
+    for (int slot = 0; slot < k; ++slot)
+      if (v.unit_rows[size_t(u) * k + slot] >= 0) first_row = std::min(first_row, int(v.unit_rows[size_t(u) * k + slot]));
+    remote.emplace_back(by_expert ? first_row : u, u);
+  }
+  std::sort(remote.begin(), remote.end());
+  for (int p = 0; p < U; ++p) {
+    const int expected = p < local_units ? p : p < units_here ? remote[p - local_units].second : -1;
+    ASSERT_EQ(v.pull_unit[p], expected) << "pull position " << p;
+  }
+  // Expert by expert, no tile waits for a later tile's pulls: tile m is complete once the pull has
+  // passed the units whose first row is in tiles 0..m (its last pull is before that count's end).
+  if (by_expert) {
+    std::vector<int> position_of_unit(units_here, -1);
+    for (int p = 0; p < units_here; ++p) position_of_unit[v.pull_unit[p]] = p;
+    int pulled = local_units;  // positions of the units first-rowed in tiles 0..m
+    for (int m = 0; m < tiles; ++m) {
+      int done = -1;
+      for (int row = m * tm; row < (m + 1) * tm; ++row) {
+        const int u = v.row_unit[row];
+        if (u < local_units) continue;
+        done = std::max(done, position_of_unit[u]);
+        bool first = true;  // no row of the unit before this one
+        for (int slot = 0; slot < k; ++slot) first &= v.unit_rows[size_t(u) * k + slot] < 0 || v.unit_rows[size_t(u) * k + slot] >= row;
+        pulled += first;
+      }
+      ASSERT_LT(done, pulled) << "tile " << m;
+    }
+  }
 }
 
 TEST(PlanProperties, RandomRoutingsOverLayouts) {
@@ -566,11 +634,14 @@ TEST(PlanProperties, RandomRoutingsOverLayouts) {
               PlanConfig cfg = make_config(lay.ep, lay.tp, E, k, rank, tile_m, max_tokens,
                                            worst_rows(W, max_tokens, k, E / lay.ep, tile_m));
               cfg.wave_chunk = wave_chunk;
+              if (seed % 3 != 1) cfg.pull_order = PullOrder::expert;  // two plans in three
               // Every other plan under a chunk rule whose expected rows put the ranks in various classes.
               if (seed % 2) cfg.chunk_rule = WaveChunkRule{0.5 + (seed + rank) % 7 * 6.0, {0, 2, 3, 5}};
               SCOPED_TRACE(::testing::Message() << "W=" << W << " ep=" << lay.ep << " tp=" << lay.tp << " k=" << k
                                               << " " << testing::to_string(kind) << " tile_m=" << tile_m
-                                              << " wave_chunk=" << wave_chunk << " rule expected_rows="
+                                              << " wave_chunk=" << wave_chunk << " pulls by "
+                                              << (cfg.pull_order == PullOrder::expert ? "expert" : "source")
+                                              << " rule expected_rows="
                                               << cfg.chunk_rule.expected_rows << " rank=" << rank << " seed=" << seed);
               const HostPlan plan = build_plan_host(cfg, views(routing));
               check_properties(cfg, routing, plan);
@@ -589,10 +660,12 @@ TEST(PlanProperties, EdgeCases) {
   const MoeShape shape{64, 128, 8, 2, Activation::swiglu};
   auto run = [&](const Parallel& par, const std::vector<RankRouting>& routing, int tile_m, const char* what) {
     for (int rank = 0; rank < par.world(); ++rank) {
-      SCOPED_TRACE(::testing::Message() << what << " rank=" << rank);
-      const PlanConfig cfg = make_config(par.ep, par.tp, 8, 2, rank, tile_m, 64,
-                                         worst_rows(par.world(), 64, 2, 8 / par.ep, tile_m));
-      check_properties(cfg, routing, build_plan_host(cfg, views(routing)));
+      for (PullOrder order : {PullOrder::source, PullOrder::expert}) {
+        SCOPED_TRACE(::testing::Message() << what << " rank=" << rank << " pull order " << int(order));
+        PlanConfig cfg = make_config(par.ep, par.tp, 8, 2, rank, tile_m, 64, worst_rows(par.world(), 64, 2, 8 / par.ep, tile_m));
+        cfg.pull_order = order;
+        check_properties(cfg, routing, build_plan_host(cfg, views(routing)));
+      }
     }
   };
   // Nobody has tokens.

@@ -127,7 +127,8 @@ std::vector<NamedArray> arrays_of(const PlanConfig& cfg, const PlanView& v) {
           {"tile_rows", v.tile_rows, M, false},
           {"tile_remote_rows", v.tile_remote_rows, M, false},
           {"tile_key", v.tile_key, M, false},
-          {"tile_order", v.tile_order, M, false}};
+          {"tile_order", v.tile_order, M, false},
+          {"pull_unit", v.pull_unit, U, false}};
 }
 
 // Bitwise equality of every array over its full capacity (status and first_error too unless skip_status).
@@ -201,6 +202,8 @@ class PlanDevice : public ::testing::Test {
     buffers.upload(routing);
     for (int rank = 0; rank < W; ++rank) {
       const int wave_chunk = 1 + rank % 3;  // the order kernel's chunked waves (plan.hpp) on every third rank
+      // Pulls expert by expert (the pull kernels) on two ranks of every three, with and without chunks.
+      const PullOrder pull_order = (rank + ep) % 3 != 1 ? PullOrder::expert : PullOrder::source;
       // On odd ranks a chunk rule (PlanConfig::chunk_rule), set after construction as the layer sets it
       // per batch: its expected rows put the ranks of a matrix in several load classes.
       const WaveChunkRule rule = rank % 2 ? WaveChunkRule{1.0 + rank * max_tokens * k / 8.0, {0, 2, 3, 5}}
@@ -208,9 +211,11 @@ class PlanDevice : public ::testing::Test {
       SCOPED_TRACE(::testing::Message() << what << " W=" << W << " ep=" << ep << " tp=" << tp << " E=" << E << " k=" << k
                                         << " tile_m=" << tile_m << " T_cap=" << max_tokens << " rank=" << rank
                                         << " wave_chunk=" << wave_chunk << " rule expected_rows=" << rule.expected_rows
+                                        << " pulls by " << (pull_order == PullOrder::expert ? "expert" : "source")
                                         << (mapped ? " mapped" : " device"));
       PlanConfig cfg = make_config(ep, tp, E, k, rank, tile_m, max_tokens, worst_rows(W, max_tokens, k, E / ep, tile_m));
       cfg.wave_chunk = wave_chunk;
+      cfg.pull_order = pull_order;
       DevicePlan plan(cfg);
       cfg.chunk_rule = rule;
       const HostPlan expected = build_plan_host(cfg, views(routing));

@@ -211,8 +211,9 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
   for (const json& r : records) {
     if (r.value("system", "") != "comet") continue;
     // A fused layer 0 in m order (comet-bench --tile-order m) is not what an entry runs, nor, under uniform
-    // routing, one in wave chunks (the host's own picks, load class 1, keep the default order).
-    if (r.contains("tile_order")) continue;
+    // routing, one in wave chunks (the host's own picks, load class 1, keep the default order). Nor is a
+    // layer pulled expert by expert (comet-bench --pull-order expert): no entry carries a pull order.
+    if (r.contains("tile_order") || r.contains("pull_order")) continue;
     if (r.value("wave_chunk", 1) > 1 && r.value("routing", "") == "uniform" && launch_of(r) == 0) continue;
     const std::string layer = r.value("layer", "");
     if (launch_of(r) < 0) continue;

@@ -80,8 +80,8 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
                            a tuned launch the table's chunk for the case's load class, which its
                            records then say; a forced one the default order)
   --pull-order O           source or expert: the order layer 0's comm blocks pull remote tokens in
-                           (MoeOptions::pull_order), for every comet record of the run; with expert
-                           they say pull_order expert                     (default: source)
+                           (MoeOptions::pull_order), for every comet record of the run, which then
+                           say pull_order O          (default: the library's, expert; records say nothing)
   --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
                            (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
@@ -218,7 +218,7 @@ BenchOptions parse_options(int argc, char** argv) {
     } else if (a == "--pull-order") {
       const std::string order = value();
       COMET_REQUIRE(order == "source" || order == "expert", "--pull-order must be source or expert, got '", order, "'");
-      o.expert_pulls = order == "expert";
+      o.pull_order = order == "expert" ? PullOrder::expert : PullOrder::source;
     } else if (a == "--tile-n") {
       o.tile_n = to_int(value(), a);
     } else if (a == "--reps") {

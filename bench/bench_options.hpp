@@ -1,9 +1,11 @@
 // Command line of comet-bench (see usage() in bench_options.cpp for the flags and their defaults).
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "comet/plan.hpp"
 #include "comet/variant.hpp"
 
 namespace comet::bench {
@@ -32,7 +34,7 @@ struct BenchOptions {
   int m_group = 0;  // --m-group: forced launches' M-tile group (0: the planner's rule)
   bool m_order = false;  // --tile-order m: forced fused layer-0 launches compute in m order (LayerRequest::m_order)
   int wave_chunk = 0;    // --wave-chunk: MoeOptions::wave_chunk (0: the library's default)
-  bool expert_pulls = false;  // --pull-order expert: MoeOptions::pull_order = PullOrder::expert
+  std::optional<PullOrder> pull_order;  // --pull-order: MoeOptions::pull_order (none: the library's default)
   std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)
   bool tuned_tile = false;  // tuned records: the tuner picks the width as well
   int reps = 10;

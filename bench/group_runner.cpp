@@ -56,7 +56,7 @@ GroupRunner::GroupRunner(const BenchOptions& options, const Model& model, const 
   mo.compute_ranks = {0};           // the others only stage their tokens: no gathered rows, hidden or Y
   mo.dtype = fp8() ? DType::e4m3 : DType::bf16;
   mo.wave_chunk = o_.wave_chunk;
-  mo.pull_order = o_.expert_pulls ? PullOrder::expert : PullOrder::source;
+  if (o_.pull_order) mo.pull_order = *o_.pull_order;
   moe_ = std::make_unique<FusedMoe>(*team_, s, p, MoeCapacity{max_tokens, max_rows}, mo);
   // Rank 0's weights only, shared by every rank: only rank 0 computes, the others stage their tokens.
   w0_ = testing::DeviceBuffer(size_t(el) * n0 * H * 2);
@@ -241,7 +241,7 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   r.system = system;
   r.dtype = o_.dtype;
   if (system == "comet") r.wave_chunk = o_.wave_chunk;
-  if (system == "comet" && o_.expert_pulls) r.pull_order = "expert";
+  if (system == "comet" && o_.pull_order) r.pull_order = *o_.pull_order == PullOrder::expert ? "expert" : "source";
   r.tile_n = o_.tile_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;

@@ -43,7 +43,7 @@ struct Record {
   bool paired = false;                        // timed in rotation with its counterpart (--paired)
   std::string picked_by;                      // tuned: "table" or "cost_model" (fwd, bwd: layer 0 / layer 1)
   std::string tile_order;                     // "m": a forced fused layer 0 in m order (--tile-order m)
-  std::string pull_order;                     // "expert": --pull-order expert (MoeOptions::pull_order)
+  std::string pull_order;                     // --pull-order's, "source" or "expert" (MoeOptions::pull_order)
   int wave_chunk = 0;                         // --wave-chunk's, or a tuned layer 0's table chunk (0: the default)
   int tile_n = 0;
   int samples = 0;

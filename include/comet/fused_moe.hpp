@@ -52,6 +52,8 @@ inline const char* to_string(DeviceTransport t) { return t == DeviceTransport::n
 // MoeOptions::wave_chunk's default where the tuner has no chunk for the batch (docs/design-changes.md,
 // "Layer 0's tile order under skew").
 inline constexpr int kDefaultWaveChunk = 1;
+// MoeOptions::pull_order's default: expert by expert (docs/design-changes.md, "Layer 0's pull order").
+inline constexpr PullOrder kDefaultPullOrder = PullOrder::expert;
 
 struct MoeOptions {
   // What to force in each layer's launches; every field left empty is the tuner's choice. The backward
@@ -117,7 +119,7 @@ struct MoeOptions {
   // The order layer 0's comm blocks pull remote tokens in (PlanConfig::pull_order, comet/plan.hpp):
   // source by source, or expert by expert (each expert's tiles complete together and are computed in
   // m order, so each pass over an expert's weights serves all of its tiles). Same results, bit for bit.
-  PullOrder pull_order = PullOrder::source;
+  PullOrder pull_order = kDefaultPullOrder;
   // The tuner's table; empty: the shipped table overlaid by the user's (TuneTable::load_default).
   std::string tune_table;
   DeviceAllocator allocator;  // empty: cudaMalloc / cudaFree

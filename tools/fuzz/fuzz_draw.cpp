@@ -119,9 +119,9 @@ Family draw_family(uint64_t seed) {
     // The plan's chunked wave order (MoeOptions::wave_chunk): 0 (the default), 1, 2, 3 or 8, its own stream.
     auto chunk_rng = generator(seed, ~uint64_t(6));
     o.wave_chunk = pick<int>(chunk_rng, {0, 1, 2, 3, 8});
-    // The comm blocks' pull order (MoeOptions::pull_order): expert by expert in half the families, its own stream.
+    // The comm blocks' pull order (MoeOptions::pull_order): each in half the families, its own stream.
     auto pull_rng = generator(seed, ~uint64_t(7));
-    if (chance(pull_rng, 0.5)) o.pull_order = PullOrder::expert;
+    o.pull_order = chance(pull_rng, 0.5) ? PullOrder::expert : PullOrder::source;
     return f;
   }
 }
@@ -229,7 +229,7 @@ std::string describe(const Family& f) {
      << ", layer 0 " << describe(f.options.layer0) << ", layer 1 " << describe(f.options.layer1)
      << (f.options.adaptive_split ? ", adaptive" : "") << (f.options.batch_invariant ? ", batch-invariant" : "")
      << ", store lag " << f.options.dispatch_store_lag << ", wave chunk " << f.options.wave_chunk
-     << (f.options.pull_order == PullOrder::expert ? ", pulls by expert" : "")
+     << (f.options.pull_order == PullOrder::expert ? ", pulls by expert" : ", pulls by source")
      << (f.options.training ? (f.grad_type == GradType::f32 ? ", training (f32 grads)" : ", training (bf16 grads)") : "")
      << (f.options.dtype == DType::e4m3 ? ", fp8 layer 0" : "")
      << (f.fused_activation ? ", activation backward in the epilogue" : "")

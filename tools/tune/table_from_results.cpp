@@ -212,7 +212,7 @@ void fill_from_results(const std::vector<json>& records, const FromResults& a, c
     if (r.value("system", "") != "comet") continue;
     // A fused layer 0 in m order (comet-bench --tile-order m) is not what an entry runs, nor, under uniform
     // routing, one in wave chunks (the host's own picks, load class 1, keep the default order). Nor is a
-    // layer pulled expert by expert (comet-bench --pull-order expert): no entry carries a pull order.
+    // layer whose pull order was forced (comet-bench --pull-order): no entry carries a pull order.
     if (r.contains("tile_order") || r.contains("pull_order")) continue;
     if (r.value("wave_chunk", 1) > 1 && r.value("routing", "") == "uniform" && launch_of(r) == 0) continue;
     const std::string layer = r.value("layer", "");

@@ -40,7 +40,7 @@ struct Case {
   LayerRequest l1 = forced(256, 4);
   int hot = 0;
   int wave_chunk = 0;  // MoeOptions::wave_chunk
-  PullOrder pull_order = PullOrder::source;  // MoeOptions::pull_order
+  PullOrder pull_order = kDefaultPullOrder;  // MoeOptions::pull_order
 };
 
 std::ostream& operator<<(std::ostream& os, const Case& c) { return os << c.name; }
@@ -287,10 +287,10 @@ TEST(FusedMoe, Layer0MOrderEqualsArrivalOrderBitwise) {
   }
 }
 
-// The plan's chunked wave order (MoeOptions::wave_chunk: an expert's tiles in runs of N, each at its
-// last tile's wave) reorders layer 0's tiles only: the same bits as chunks of 1, and the reference's,
-// with one comm block (the longest waits) and several, tiles 256 and 128.
-TEST(FusedMoe, WaveChunksGiveTheSameBits) {
+// The cases of the two order tests below (the same rows computed in another order): each with one comm
+// block (the longest waits) and three, tiles 256 and 128; body(c, n_comm) gets c.l0 set.
+template <class Body>
+void for_each_order_case(Body&& body) {
   for (Case c : {Case{"ep4_top8_zipf", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
                  Case{"ep8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::zipf, Link::host},
                  Case{"ep2tp2_one_expert", kSmallSwiglu, {2, 2}, {64, 129, 0, 33}, RoutingKind::one_expert,
@@ -300,74 +300,73 @@ TEST(FusedMoe, WaveChunksGiveTheSameBits) {
       for (int n_comm : {1, 3}) {
         SCOPED_TRACE(::testing::Message() << "tile " << tile << " n_comm " << n_comm);
         c.l0 = forced(tile, n_comm);
-        c.wave_chunk = 1;
-        std::vector<std::vector<float>> want;
-        {
-          Harness h(c);
-          h.run(c.l0, c.l1);
-          want = h.outputs();
-          check_outputs(h, want);
-        }
-        for (int chunk : {2, 5, 1000}) {
-          SCOPED_TRACE(::testing::Message() << "wave_chunk " << chunk);
-          c.wave_chunk = chunk;
-          Harness h(c);
-          h.run(c.l0, c.l1);
-          const auto got = h.outputs();
-          for (size_t r = 0; r < want.size(); ++r)
-            EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
-        }
+        body(c, n_comm);
       }
   }
 }
 
+// The plan's chunked wave order (MoeOptions::wave_chunk: an expert's tiles in runs of N, each at its
+// last tile's wave; pulled source by source, where the waves are) reorders layer 0's tiles only: the
+// same bits as chunks of 1, and the reference's.
+TEST(FusedMoe, WaveChunksGiveTheSameBits) {
+  for_each_order_case([](Case c, int) {
+    c.pull_order = PullOrder::source;
+    c.wave_chunk = 1;
+    std::vector<std::vector<float>> want;
+    {
+      Harness h(c);
+      h.run(c.l0, c.l1);
+      want = h.outputs();
+      check_outputs(h, want);
+    }
+    for (int chunk : {2, 5, 1000}) {
+      SCOPED_TRACE(::testing::Message() << "wave_chunk " << chunk);
+      c.wave_chunk = chunk;
+      Harness h(c);
+      h.run(c.l0, c.l1);
+      const auto got = h.outputs();
+      for (size_t r = 0; r < want.size(); ++r) EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
+    }
+  });
+}
+
 // Pulled expert by expert (MoeOptions::pull_order), layer 0's comm blocks move the same rows in another
 // order and its compute blocks take the tiles in m order (local ones first): the same bits as source by
-// source, and the reference's; one comm block (the longest waits) and several, tiles 256 and 128, wave
-// chunks 1 and 3. Each rank's device plan is the host builder's.
+// source, and the reference's, at wave chunks 1 and 3. Each rank's device plan is the host builder's.
 TEST(FusedMoe, ExpertPullOrderGivesTheSameBits) {
-  for (Case c : {Case{"ep4_top8_zipf", kTop8, {4, 1}, {96, 0, 130, 77}, RoutingKind::zipf, Link::device},
-                 Case{"ep8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::zipf, Link::host},
-                 Case{"ep2tp2_one_expert", kSmallSwiglu, {2, 2}, {64, 129, 0, 33}, RoutingKind::one_expert,
-                      Link::device}}) {
-    SCOPED_TRACE(c.name);
-    for (int tile : {256, 128})
-      for (int n_comm : {1, 3}) {
-        SCOPED_TRACE(::testing::Message() << "tile " << tile << " n_comm " << n_comm);
-        c.l0 = forced(tile, n_comm);
-        c.wave_chunk = n_comm;
-        c.pull_order = PullOrder::source;
-        std::vector<std::vector<float>> want;
-        {
-          Harness h(c);
-          h.run(c.l0, c.l1);
-          want = h.outputs();
-          check_outputs(h, want);
-        }
-        c.pull_order = PullOrder::expert;
-        Harness h(c);
-        h.run(c.l0, c.l1);
-        const auto got = h.outputs();
-        check_outputs(h, got);
-        std::vector<RoutingView> routing;
-        for (const auto& in : h.problem.inputs) routing.push_back(RoutingView{in.tokens, in.ids.data(), in.gates.data()});
-        for (size_t r = 0; r < want.size(); ++r) {
-          EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
-          const DevicePlan& plan = h.moe.plan(int(r));
-          ASSERT_EQ(plan.config().pull_order, PullOrder::expert);
-          const HostPlan expected = build_plan_host(plan.config(), routing);
-          const HostPlan built = plan.to_host(h.team.stream(int(r)));
-          const int units = *expected.view().num_units, tiles = *expected.view().num_tiles;
-          ASSERT_EQ(*built.view().num_units, units);
-          EXPECT_EQ(std::vector<int32_t>(built.view().pull_unit, built.view().pull_unit + units),
-                    std::vector<int32_t>(expected.view().pull_unit, expected.view().pull_unit + units))
-              << "rank " << r;
-          EXPECT_EQ(std::vector<int32_t>(built.view().tile_order, built.view().tile_order + tiles),
-                    std::vector<int32_t>(expected.view().tile_order, expected.view().tile_order + tiles))
-              << "rank " << r;
-        }
-      }
-  }
+  for_each_order_case([](Case c, int n_comm) {
+    c.wave_chunk = n_comm;
+    c.pull_order = PullOrder::source;
+    std::vector<std::vector<float>> want;
+    {
+      Harness h(c);
+      h.run(c.l0, c.l1);
+      want = h.outputs();
+      check_outputs(h, want);
+    }
+    c.pull_order = PullOrder::expert;
+    Harness h(c);
+    h.run(c.l0, c.l1);
+    const auto got = h.outputs();
+    check_outputs(h, got);
+    std::vector<RoutingView> routing;
+    for (const auto& in : h.problem.inputs) routing.push_back(RoutingView{in.tokens, in.ids.data(), in.gates.data()});
+    for (size_t r = 0; r < want.size(); ++r) {
+      EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
+      const DevicePlan& plan = h.moe.plan(int(r));
+      ASSERT_EQ(plan.config().pull_order, PullOrder::expert);
+      const HostPlan expected = build_plan_host(plan.config(), routing);
+      const HostPlan built = plan.to_host(h.team.stream(int(r)));
+      const int units = *expected.view().num_units, tiles = *expected.view().num_tiles;
+      ASSERT_EQ(*built.view().num_units, units);
+      EXPECT_EQ(std::vector<int32_t>(built.view().pull_unit, built.view().pull_unit + units),
+                std::vector<int32_t>(expected.view().pull_unit, expected.view().pull_unit + units))
+          << "rank " << r;
+      EXPECT_EQ(std::vector<int32_t>(built.view().tile_order, built.view().tile_order + tiles),
+                std::vector<int32_t>(expected.view().tile_order, expected.view().tile_order + tiles))
+          << "rank " << r;
+    }
+  });
 }
 
 // Layer 1's sequential schedule in one launch (each block combines after its last tile, batches taken
@@ -542,6 +541,7 @@ TEST(FusedMoe, AdaptiveSplitFollowsThePlanAndKeepsTheResult) {
 // plan by default; the outputs are the reference's, and the default order's bit for bit.
 TEST(FusedMoe, TableWaveChunkOrdersTheSkewedRanksPlans) {
   Case c{"table_chunk", kTop8, {4, 1}, {300, 20, 250, 77}, RoutingKind::zipf, Link::host};
+  c.pull_order = PullOrder::source;  // the chunks cut the source order's waves (expert by expert has one)
   c.l0 = c.l1 = LayerRequest{};
   c.l0.tile_n = c.l1.tile_n = 256;
   const int kChunks[kLoadClasses] = {0, 2, 3, 5};  // per class; class c's n_comm is 2 + c

@@ -111,12 +111,11 @@ COMET_HD inline int tile_order_wave(int m, int first, int end, int wave_chunk, c
 }
 
 // Throws InvalidArgument if the configuration is unusable: wave_chunk < 1, a pull_order that is not
-// a PullOrder, a chunk rule with a negative
-// chunk or expected_rows negative or not finite, rank outside [0, W), tile_m not in
-// {16, 32, 64, 128, 256} (16 and 32 only serve small hand-made tests; the GEMM kernels use 64..256),
-// non-positive capacities, max_rows not a multiple of tile_m, more than 1024 local experts (the device
-// builder keeps per-expert tables in shared memory) or 65536 ranks, row counts that could overflow int32, or a
-// shape / layout that validate(MoeShape, Parallel) rejects.
+// a PullOrder, a chunk rule with a negative chunk or expected_rows negative or not finite, rank outside
+// [0, W), tile_m not in {16, 32, 64, 128, 256} (16 and 32 only serve small hand-made tests; the GEMM
+// kernels use 64..256), non-positive capacities, max_rows not a multiple of tile_m, more than 1024 local
+// experts (the device builder keeps per-expert tables in shared memory) or 65536 ranks, row counts that
+// could overflow int32, or a shape / layout that validate(MoeShape, Parallel) rejects.
 void validate(const PlanConfig& cfg);
 void validate(const WaveChunkRule& rule);  // the chunk rule's part of the above
 

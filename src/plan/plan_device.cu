@@ -1,7 +1,7 @@
 // DevicePlan: owns the plan's device arrays and the builder's scratch, and enqueues the build kernels
-// (count -> scan -> scatter -> pull order -> tile order, see their headers) with no host synchronisation and no
-// host knowledge of the counts: every grid is sized by capacity, so build() can be captured in a
-// CUDA graph. Builds of one DevicePlan must be ordered (one stream, or events between streams).
+// (count -> scan -> scatter -> pull order -> tile order, see their headers) with no host
+// synchronisation and no host knowledge of the counts: every grid is sized by capacity, so build() can
+// be captured in a CUDA graph. Builds of one DevicePlan must be ordered (one stream, or events between streams).
 #include <cstdlib>
 #include <string_view>
 #include <utility>

@@ -87,6 +87,9 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
   --warmup N               untimed runs before them (1 for huge cases)    (default: 2)
   --comm-all               time comm_only at every n_comm (default: at the best fused n_comm only)
+  --trace DIR              layer 0: after each case's sweep, one launch of each mode and swept n_comm
+                           with its timeline stamped (kernels/launch_trace.hpp), as DIR/<case>.json
+                           (bench/trace_timeline.py reads them); DIR must exist
   --paired                 at the end of each case, time the tuned comet run and the sequential baseline
                            of each layer (l0, l1, fwd) again, in rotation (reps rounds of one each), and
                            report those times (records marked "paired"): the ratio then does not depend
@@ -227,6 +230,8 @@ BenchOptions parse_options(int argc, char** argv) {
       o.warmup = to_int(value(), a);
     } else if (a == "--comm-all") {
       o.comm_all = true;
+    } else if (a == "--trace") {
+      o.trace_dir = value();
     } else if (a == "--paired") {
       o.paired = true;
     } else if (a == "--mem-limit-gib") {

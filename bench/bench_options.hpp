@@ -40,6 +40,7 @@ struct BenchOptions {
   int reps = 10;
   int warmup = 2;
   bool comm_all = false;       // comm_only at every n_comm of the sweep (default: at the best fused one)
+  std::string trace_dir;       // --trace: layer 0's timelines, one JSON per case (layer0_trace.hpp)
   bool paired = false;         // re-time each layer's tuned comet run and sequential baseline in rotation
   bool estimate_only = false;  // print the cases, what is skipped and the time estimate; run nothing
   double mem_limit_gib = 0;    // device memory the benchmark may use; 0: free memory less 6 GiB

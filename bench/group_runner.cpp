@@ -6,10 +6,12 @@
 #include <iterator>
 #include <map>
 #include <numeric>
+#include <sstream>
 
 #include "comet/cuda_check.hpp"
 #include "comet/fp8.hpp"
 #include "harness/device_random.hpp"
+#include "layer0_trace.hpp"
 
 namespace comet::bench {
 namespace {
@@ -435,6 +437,24 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       for (const auto& [n, t] : fused) {
         if (n == 0 || (!o_.comm_all && n != best)) continue;  // n 0: sequential mode, no comm blocks
         comm[n] = time(pre, run(LayerMode::comm_only, n));
+      }
+      if (layer == 0 && !o_.trace_dir.empty()) {  // --trace: one traced launch per mode and n_comm
+        Layer0Tracer tracer(moe, tn);
+        tracer.trace("gemm_only", 0, gemm.median_ms, pre, run(LayerMode::gemm_only, 0));
+        for (const auto& [n, t] : fused) {
+          if (n == 0) continue;
+          tracer.trace("fused", n, t.median_ms, pre, run(LayerMode::fused, n));
+          tracer.trace("comm_only", n, comm.count(n) ? comm[n].median_ms : 0.0, pre, run(LayerMode::comm_only, n));
+        }
+        const Record b = base(in, name, "comet");
+        const bool expert = o_.pull_order.value_or(kDefaultPullOrder) == PullOrder::expert;
+        std::ostringstream header;
+        header << "\"model\": \"" << b.key.model << "\", \"layout\": \"" << b.key.layout << "\", \"link\": \""
+               << b.key.link << "\", \"routing\": \"" << b.key.routing << "\", \"tokens\": " << b.key.tokens_per_rank
+               << ", \"pull_order\": \"" << (expert ? "expert" : "source") << "\", \"rows\": " << in.stats.rank0_rows;
+        tracer.write(o_.trace_dir + "/" + b.key.model + "_" + b.key.layout + "_" + b.key.link + "_" + b.key.routing +
+                         "_" + std::to_string(in.tokens) + ".json",
+                     header.str());
       }
       for (const auto& [n, t] : comm) {
         Record c = base(in, name, "comet");

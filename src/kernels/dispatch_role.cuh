@@ -368,6 +368,7 @@ __device__ inline void publish_rows(const DispatchArgs& d, const dispatch::Pipel
           d.tile_arrived[m] = 0;    // nobody else touches it before the next call
           dev::fence_acq_rel_gpu();  // acquires every block's counts (and so their rows) before the release
           dev::st_release_gpu(&d.tile_ready[m], epoch);
+          d.trace.ready(m);
         }
       }
     }
@@ -422,6 +423,7 @@ __device__ inline void run_dispatch_role(const DispatchArgs& d, int comm_index, 
   } else if (warp < kWarpsUsed) {
     prefetch_metadata(d, first, n_comm, count, warp - 2 * kIssuers, sm, team);
   }
+  if (threadIdx.x % 32 == 0) d.trace.block_end();
 }
 
 }  // namespace comet::kernels

@@ -64,6 +64,7 @@ struct Layer0Hooks {
   // Whole producer warp: lane 0 waits for the tile's remote rows; then every lane orders its later
   // TMA (async proxy) reads after the rows the comm blocks wrote.
   __device__ void before_load(const TileCoord& tile, int lane) {
+    if (lane == 0) p.dispatch.trace.wait_begin(tile.m_block, tile.n_block);
     if (p.split.waits && p.dispatch.plan.tile_remote_rows[tile.m_block] > 0) {
       if (lane == 0) {
         dev::wait_flag_gpu(&p.dispatch.tile_ready[tile.m_block], epoch, p.split.team, WaitSite::tile_ready, tile.m_block);
@@ -71,6 +72,7 @@ struct Layer0Hooks {
       __syncwarp();
       dev::fence_proxy_async_global();
     }
+    if (lane == 0) p.dispatch.trace.wait_end(tile.m_block, tile.n_block);
   }
 
   template <class Acc>
@@ -84,6 +86,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
     layer0_kernel(const __grid_constant__ Layer0Params<Cfg, Epi, Transport> p) {
   static_assert(Cfg::kThreads / 32 >= dispatch::kWarpsUsed, "a comm block needs the dispatch role's warps");
   extern __shared__ __align__(1024) char smem[];
+  if (threadIdx.x == 0) p.dispatch.trace.block_start();
   const Epoch epoch = *p.split.epoch;
   const int n_comm = adaptive_n_comm(p.split.adapt, p.dispatch.plan, p.split.n_comm, gridDim.x);
   if (p.split.adapt.enabled && blockIdx.x == 0 && threadIdx.x == 0) *p.split.adapt.chosen = n_comm;
@@ -96,6 +99,7 @@ __global__ void __launch_bounds__(Cfg::kThreads, 1)
                                 p.split.arrival_order};
   Layer0Hooks<Cfg, Epi, Transport> hooks{p, epoch};
   run_compute_role<Cfg>(p.mainloop, p.ext, schedule, hooks, blockIdx.x - n_comm, gridDim.x - n_comm, smem);
+  if (threadIdx.x % 32 == 0) p.dispatch.trace.block_end();
 }
 
 }  // namespace comet::kernels

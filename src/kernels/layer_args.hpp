@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "comet/plan.hpp"
+#include "kernels/launch_trace.hpp"
 
 namespace comet::kernels {
 
@@ -40,6 +41,7 @@ struct DispatchArgs {
                           //   units, in its pull order (plan.pull_unit)
   int unit_end;
   int store_lag;          // bulk-store groups in flight before a unit is published: 1, 2, 4 or 8
+  LaunchTrace trace;      // layer 0's timeline (comet-bench --trace); off by default
 };
 
 // Mean slots with a row on one rank per unit (a token with at least one slot there) under uniform

@@ -305,6 +305,10 @@ void MoeEngine::set_dispatch_store_lag(int lag) {
   options_.dispatch_store_lag = lag;
 }
 
+void MoeEngine::set_layer0_trace(int rank, const kernels::LaunchTrace& trace) {
+  compute_state(rank).layer0_trace = trace;
+}
+
 void MoeEngine::set_weights(int rank, const void* w0, const void* w1, const float* w0_scales) {
   COMET_REQUIRE(w0 || w1, "FusedMoe::set_weights: null weight pointers for rank ", rank);
   COMET_REQUIRE(aligned(w0, 16) && aligned(w1, 16) && aligned(w0_scales, 16), "FusedMoe::set_weights: w0, w1 and ",
@@ -545,6 +549,7 @@ void MoeEngine::layer0(int rank, LayerMode mode, const LayerRequest& request, Un
   l.pre = s.pre;  // training: keep the pre-activations
   l.act = kernels::epilogue_op(shape_.act);
   l.dispatch = dispatch_args(s, s.a, units);
+  l.dispatch.trace = s.layer0_trace;
   l.split = grid_split(s, planned, mode, 0);
   auto launch = [&](const auto& x) { launch_fused(s, x); };
   run_schedule(l, d, /*pull=*/true, par_.world(), launch, launch);  // its GEMM applies the activation: always ours

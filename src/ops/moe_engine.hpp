@@ -145,6 +145,9 @@ class MoeEngine {
   const MoeCapacity& capacity() const { return cap_; }
   const MoeOptions& options() const { return options_; }
   void set_dispatch_store_lag(int lag);
+  // Benchmarks (comet-bench --trace): the rank's fused layer-0 launches stamp their timeline into
+  // `trace` (kernels/launch_trace.hpp) until it is set back to an empty one.
+  void set_layer0_trace(int rank, const kernels::LaunchTrace& trace);
   Team& team() const { return team_; }
   const DevicePlan& plan(int rank) const;
   size_t device_bytes_per_rank() const { return device_bytes_per_rank_; }
@@ -162,6 +165,7 @@ class MoeEngine {
   // Whether this rank's backward runs its standalone GEMMs with cuBLAS (MoeOptions::cublas_backward).
   bool cublas_backward(int rank) const;
   int gate_blocks() const;
+  int w0_shard_rows() const;  // N0_s: W0 rows per local expert (2 F_s for swiglu)
 
  private:
   struct RankState;
@@ -176,7 +180,6 @@ class MoeEngine {
   void fork(cudaStream_t stream);  // the ranks' streams wait for `stream`
   void join(cudaStream_t stream);  // `stream` waits for the ranks' streams
   void* alloc(RankState& s, size_t bytes);
-  int w0_shard_rows() const;  // N0_s: W0 rows per local expert (2 F_s for swiglu)
   // Bytes of one token row that the dispatch moves: 2 H in bf16, a record (fp8.hpp) in e4m3.
   int token_row_bytes() const;
   void grad_weights1_on(RankState& s, const RankGrad& g, const BackwardOptions& o, cudaStream_t stream);

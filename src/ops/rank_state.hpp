@@ -25,6 +25,7 @@ struct MoeEngine::RankState {
   size_t private_bytes = 0;  // allocated through MoeEngine::alloc
   cudaStream_t stream = nullptr;
   DevicePlan plan;
+  kernels::LaunchTrace layer0_trace;  // MoeEngine::set_layer0_trace; off by default
   void* a = nullptr;             // [rows_cap][H]
   void* hid = nullptr;           // [rows_cap][F_s] the layer's own hidden rows
   void* hid_call = nullptr;      // the call's hidden rows (RankBatch::hidden), else hid

@@ -18,6 +18,7 @@
 #include "comet/fused_moe.hpp"
 #include "comet/plan.hpp"
 #include "comet/reference.hpp"
+#include "kernels/launch_trace.hpp"
 #include "tune/adaptive_split.hpp"
 #include "support/bitwise.hpp"
 #include "support/layer_checks.hpp"
@@ -367,6 +368,67 @@ TEST(FusedMoe, ExpertPullOrderGivesTheSameBits) {
           << "rank " << r;
     }
   });
+}
+
+// Layer 0's timeline (MoeEngine::set_layer0_trace, comet-bench --trace): a traced launch gives the same
+// bits; it stamps every block of the grid, releases exactly the tiles with remote rows, runs every
+// (M-tile, N-block) once on a compute block, and no tile's loads start before its release (the stamps
+// say what the flags enforce, so bench/trace_timeline.py can trust them). Both pull orders.
+TEST(FusedMoe, Layer0TraceStampsEveryTileAfterItsRelease) {
+  for (Case c : {Case{"ep8_top8_host", kTop8, {8, 1}, {100, 0, 33, 257, 1, 64, 128, 5}, RoutingKind::zipf, Link::host},
+                 Case{"ep2tp2_one_expert", kSmallSwiglu, {2, 2}, {64, 129, 0, 33}, RoutingKind::one_expert,
+                      Link::device}})
+    for (PullOrder order : {PullOrder::source, PullOrder::expert}) {
+      SCOPED_TRACE(::testing::Message() << c.name << (order == PullOrder::expert ? " expert" : " source"));
+      constexpr int kTile = 256, kComm = 3;
+      c.l0 = forced(kTile, kComm);
+      c.pull_order = order;
+      Harness h(c);
+      h.run(c.l0, c.l1);
+      const auto want = h.outputs();
+      check_outputs(h, want);
+
+      kernels::LaunchTrace t;
+      t.max_blocks = h.moe.resident_blocks(0, kTile);
+      t.max_tiles = h.moe.capacity().max_rows_per_rank / kernels::kTileM + 1;
+      t.n_blocks = (h.moe.w0_shard_rows() + kTile - 1) / kTile;
+      DeviceBuffer stamps(t.words() * sizeof(unsigned long long));
+      stamps.fill_bytes(0);
+      t.stamps = stamps.as<unsigned long long>();
+      h.moe.set_layer0_trace(0, t);
+      h.run(c.l0, c.l1);
+      h.moe.set_layer0_trace(0, {});
+      const auto got = h.outputs();
+      for (size_t r = 0; r < want.size(); ++r) EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
+
+      const auto s = stamps.download<unsigned long long>(t.words());
+      const HostPlan plan = h.moe.plan(0).to_host(h.team.stream(0));
+      const PlanView& v = plan.view();
+      for (int b = 0; b < t.max_blocks; ++b) {
+        EXPECT_GT(s[2 * b], 0u) << "block " << b;
+        EXPECT_GE(s[2 * b + 1], s[2 * b]) << "block " << b;
+      }
+      int released = 0;
+      for (int m = 0; m < t.max_tiles; ++m) {
+        const bool tile = m < *v.num_tiles, remote = tile && v.tile_remote_rows[m] > 0;
+        const unsigned long long ready = s[t.ready_at(m)];
+        EXPECT_EQ(ready > 0, remote) << "tile " << m;
+        released += remote;
+        for (int n = 0; n < t.n_blocks; ++n) {
+          const size_t at = t.wait_at(m, n);
+          if (!tile) {
+            EXPECT_EQ(s[at] + s[at + 1] + s[at + 2], 0u) << "tile " << m << " past the plan's";
+            continue;
+          }
+          EXPECT_GT(s[at], 0u) << "tile " << m << " n " << n;
+          EXPECT_GE(s[at + 1], s[at]) << "tile " << m << " n " << n;
+          EXPECT_GE(s[at + 2], unsigned(kComm)) << "tile " << m << " n " << n << ": not on a compute block";
+          EXPECT_LT(s[at + 2], unsigned(t.max_blocks)) << "tile " << m << " n " << n;
+          if (remote) EXPECT_GE(s[at + 1], ready) << "tile " << m << " n " << n << " loaded before its release";
+        }
+      }
+      if (std::string(c.name) == "ep8_top8_host") EXPECT_GT(released, 0);
+    }
 }
 
 // Layer 1's sequential schedule in one launch (each block combines after its last tile, batches taken

@@ -451,7 +451,8 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         std::ostringstream header;
         header << "\"model\": \"" << b.key.model << "\", \"layout\": \"" << b.key.layout << "\", \"link\": \""
                << b.key.link << "\", \"routing\": \"" << b.key.routing << "\", \"tokens\": " << b.key.tokens_per_rank
-               << ", \"pull_order\": \"" << (expert ? "expert" : "source") << "\", \"rows\": " << in.stats.rank0_rows;
+               << ", \"pull_order\": \"" << (expert ? "expert" : "source") << "\", \"wave_chunk\": " << o_.wave_chunk
+               << ", \"rows\": " << in.stats.rank0_rows;
         tracer.write(o_.trace_dir + "/" + b.key.model + "_" + b.key.layout + "_" + b.key.link + "_" + b.key.routing +
                          "_" + std::to_string(in.tokens) + ".json",
                      header.str());

@@ -9,6 +9,8 @@ For each case and n_comm it sets the traced fused launch beside the comm blocks 
   alone90   the same 90 % mark with the comm blocks alone
   stall     compute blocks' time waiting for rows, as a share of their time in the launch
   tail      span - the last release: the GEMM left after the last row landed
+  item      the median time a compute block spends on one (M-tile, N-block), fused / GEMM alone (us):
+            above 1x the fused GEMM runs slower than alone (its weights re-read, a smaller grid)
   gemm      the GEMM alone's span (every row present, the full grid)
 The question it answers: does the pull slow down beside the GEMM (comm fused >> alone), or does the GEMM
 wait for rows it could have had (stall high while the pull ends early)?
@@ -54,6 +56,20 @@ def run_summary(trace, run):
         first_remote = [run["wait_end"][m * nb + n] for m in remote for n in range(nb)
                         if run["wait_end"][m * nb + n] >= 0]
         s["first_remote_start"] = min(first_remote, default=-1)
+        # Each compute block's items in the order it ran them: item i busy from its wait's end to the
+        # next item's wait begin (the producer runs a few K-tiles ahead of the MMAs, so that is about
+        # the item's compute); the last item of a block until the block's end.
+        per_block = {}
+        for i, blk in enumerate(run["wait_block"]):
+            if blk >= 0:
+                per_block.setdefault(blk, []).append(i)
+        busy = []
+        for blk, items in per_block.items():
+            items.sort(key=lambda i: run["wait_end"][i])
+            for a, b in zip(items, items[1:]):
+                busy.append(run["wait_begin"][b] - run["wait_end"][a])
+            busy.append(ends[blk] - run["wait_end"][items[-1]])
+        s["item"] = quantile(busy, 0.5)
     return s
 
 
@@ -74,23 +90,25 @@ def main(argv):
         print(__doc__)
         return 2
     print("| case | n_comm | timed fused ms | span | comm fused | comm alone | ready50 | ready90 | ready100 | alone90 "
-          "| stall | tail | gemm alone |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| stall | tail | item fused / alone us | gemm alone |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for path, t in load(paths):
-        case = "%s %s %s %s %d (%s)" % (t["model"], t["layout"], t["link"], t["routing"], t["tokens"], t["pull_order"])
+        case = "%s %s %s %s %d (%s%s)" % (t["model"], t["layout"], t["link"], t["routing"], t["tokens"],
+                                          t["pull_order"], ", chunk %d" % t["wave_chunk"] if t.get("wave_chunk") else "")
         runs = {(r["mode"], r["n_comm"]): r for r in t["runs"]}
         gemm = runs.get(("gemm_only", 0))
-        g = run_summary(t, gemm)["span"] if gemm else -1
+        gs = run_summary(t, gemm) if gemm else {"span": -1, "item": float("nan")}
+        g = gs["span"]
         for (mode, n), r in sorted(runs.items(), key=lambda kv: kv[0][1]):
             if mode != "fused":
                 continue
             f = run_summary(t, r)
             alone = runs.get(("comm_only", n))
             a = run_summary(t, alone) if alone else {"comm": -1, "ready90": -1}
-            print("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.3f |" % (
+            print("| %s | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f | %.3f | %.1f / %.1f | %.3f |" % (
                 case, n, r["median_ms"], ms(f["span"]), ms(f["comm"]), ms(a["comm"]), ms(f["ready50"]),
                 ms(f["ready90"]), ms(f["ready100"]), ms(a["ready90"]), f["stall"], ms(f["span"] - f["ready100"]),
-                ms(g)))
+                f["item"] / 1e3, gs["item"] / 1e3, ms(g)))
             if tiles:
                 nb = t["n_blocks"]
                 print("  m: expert rows remote | ready fused / alone | first wait begin, last wait end (fused)")

@@ -82,6 +82,10 @@ and the sequential / chunked baselines, rank 0 of W virtual ranks on one GPU (Lo
   --pull-order O           source or expert: the order layer 0's comm blocks pull remote tokens in
                            (MoeOptions::pull_order), for every comet record of the run, which then
                            say pull_order O          (default: the library's, expert; records say nothing)
+  --expert-order O         index or size: pulled expert by expert, the experts in index order (the
+                           library's) or smallest first (harness/plan_rewrite.hpp rewrites the plan
+                           after each prepare); size needs --layers l0 --systems comet, its records say
+                           pull_order expert-size      (default: index)
   --tuned-tile             the tuned records (per layer and fwd) let the tuner pick the tile width too
                            (the sweeps keep --tile-n); their records give the width picked
   --reps N                 timed repeats per measurement, median kept     (default: 10, at least 10 for results)
@@ -222,6 +226,10 @@ BenchOptions parse_options(int argc, char** argv) {
       const std::string order = value();
       COMET_REQUIRE(order == "source" || order == "expert", "--pull-order must be source or expert, got '", order, "'");
       o.pull_order = order == "expert" ? PullOrder::expert : PullOrder::source;
+    } else if (a == "--expert-order") {
+      const std::string order = value();
+      COMET_REQUIRE(order == "index" || order == "size", "--expert-order must be index or size, got '", order, "'");
+      o.expert_by_size = order == "size";
     } else if (a == "--tile-n") {
       o.tile_n = to_int(value(), a);
     } else if (a == "--reps") {
@@ -292,6 +300,13 @@ BenchOptions parse_options(int argc, char** argv) {
   COMET_REQUIRE(!o.check_schedule || o.adaptive, "--check-schedule checks the tuner's requests: not with --no-adaptive "
                 "(which forces each decision's n_comm, and a forced n_comm is not checked)");
   COMET_REQUIRE(o.chunk_comm_blocks >= 1, "--chunk-comm-blocks must be >= 1");
+  if (o.expert_by_size) {  // an experiment on the layer-0 sweep: the rewrite follows its prepares only
+    COMET_REQUIRE(o.layers == std::vector<std::string>{"l0"} && o.systems == std::vector<std::string>{"comet"} &&
+                      !o.pull_order && o.wave_chunk == 0,
+                  "--expert-order size needs --layers l0 --systems comet, and no --pull-order or --wave-chunk");
+    o.pull_order = PullOrder::expert;
+    o.wave_chunk = 1;  // no chunk rule: a launch never re-orders the rewritten plan (MoeEngine::layer0)
+  }
   std::sort(o.tokens.begin(), o.tokens.end());
   o.tokens.erase(std::unique(o.tokens.begin(), o.tokens.end()), o.tokens.end());
   if (o.out.empty()) o.out = default_out();

@@ -35,6 +35,8 @@ struct BenchOptions {
   bool m_order = false;  // --tile-order m: forced fused layer-0 launches compute in m order (LayerRequest::m_order)
   int wave_chunk = 0;    // --wave-chunk: MoeOptions::wave_chunk (0: the library's default)
   std::optional<PullOrder> pull_order;  // --pull-order: MoeOptions::pull_order (none: the library's default)
+  bool expert_by_size = false;  // --expert-order size: layer 0 pulled expert by expert, smallest expert first
+                                //   (harness/plan_rewrite.hpp rewrites the plan after each prepare)
   std::string dtype = "bf16";  // layer 0's inputs: bf16 or e4m3 (MoeOptions::dtype)
   bool tuned_tile = false;  // tuned records: the tuner picks the width as well
   int reps = 10;

@@ -11,6 +11,7 @@
 #include "comet/cuda_check.hpp"
 #include "comet/fp8.hpp"
 #include "harness/device_random.hpp"
+#include "harness/plan_rewrite.hpp"
 #include "layer0_trace.hpp"
 
 namespace comet::bench {
@@ -243,7 +244,8 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   r.system = system;
   r.dtype = o_.dtype;
   if (system == "comet") r.wave_chunk = o_.wave_chunk;
-  if (system == "comet" && o_.pull_order) r.pull_order = *o_.pull_order == PullOrder::expert ? "expert" : "source";
+  if (system == "comet" && o_.pull_order)
+    r.pull_order = o_.expert_by_size ? "expert-size" : *o_.pull_order == PullOrder::expert ? "expert" : "source";
   r.tile_n = o_.tile_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;
@@ -373,7 +375,10 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       // combine needs only a new epoch. (Re-running a backward launch rewrites its own outputs in place:
       // the values drift, the work does not.)
       auto pre = [&] {
-        if (layer == 0) moe.prepare(0);
+        if (layer == 0) {
+          moe.prepare(0);
+          if (o_.expert_by_size) testing::order_smallest_expert_first(moe.plan(0), team_->stream(0));
+        }
         else if (layer == 2) moe.prepare_grad(0);
         else moe.advance_epoch(0);
       };
@@ -448,10 +453,11 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         }
         const Record b = base(in, name, "comet");
         const bool expert = o_.pull_order.value_or(kDefaultPullOrder) == PullOrder::expert;
+        const char* order = o_.expert_by_size ? "expert-size" : expert ? "expert" : "source";
         std::ostringstream header;
         header << "\"model\": \"" << b.key.model << "\", \"layout\": \"" << b.key.layout << "\", \"link\": \""
                << b.key.link << "\", \"routing\": \"" << b.key.routing << "\", \"tokens\": " << b.key.tokens_per_rank
-               << ", \"pull_order\": \"" << (expert ? "expert" : "source") << "\", \"wave_chunk\": " << o_.wave_chunk
+               << ", \"pull_order\": \"" << order << "\", \"wave_chunk\": " << o_.wave_chunk
                << ", \"rows\": " << in.stats.rank0_rows;
         tracer.write(o_.trace_dir + "/" + b.key.model + "_" + b.key.layout + "_" + b.key.link + "_" + b.key.routing +
                          "_" + std::to_string(in.tokens) + ".json",
@@ -484,7 +490,11 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         auto run_tuned = [launch, tuned_tn] { launch(LayerMode::fused, tuned(tuned_tn)); };
         auto run_pick = [launch, &pick] { launch(LayerMode::fused, LayerRequest::forced(pick.tile_n, pick.n_comm)); };
         // Layer 0's plan ordered for the tuned launch (its table's chunk rule), outside the timed region.
-        auto pre_tuned = [&] { layer == 0 ? moe.prepare(0, tuned(tuned_tn)) : pre(); };
+        auto pre_tuned = [&] {
+          if (layer != 0) return pre();
+          moe.prepare(0, tuned(tuned_tn));
+          if (o_.expert_by_size) testing::order_smallest_expert_first(moe.plan(0), team_->stream(0));
+        };
         const Timing t = o_.adaptive                                   ? time(pre_tuned, run_tuned)
                          : fused.count(tn_comm) && pick.tile_n == tn ? fused[tn_comm]
                                                                      : time(pre, run_pick);

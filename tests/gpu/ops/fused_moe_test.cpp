@@ -3,6 +3,7 @@
 // the ugly routings, and determinism across n_comm and repeats.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -24,6 +25,7 @@
 #include "support/layer_checks.hpp"
 #include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
+#include "harness/plan_rewrite.hpp"
 
 using namespace comet;
 using namespace comet::testing;
@@ -366,6 +368,86 @@ TEST(FusedMoe, ExpertPullOrderGivesTheSameBits) {
       EXPECT_EQ(std::vector<int32_t>(built.view().tile_order, built.view().tile_order + tiles),
                 std::vector<int32_t>(expected.view().tile_order, expected.view().tile_order + tiles))
           << "rank " << r;
+    }
+  });
+}
+
+// comet-bench --expert-order size (harness/plan_rewrite.hpp): the plan's pull order and tile order
+// rewritten on the host after prepare, expert by expert with the smallest expert first. The same bits
+// as the builders' order and the reference's; both arrays stay permutations; and no tile waits for units
+// keyed in a later expert (from the definition: a unit's key is its row in its lowest-ranked expert).
+TEST(FusedMoe, SmallestExpertFirstRewriteGivesTheSameBits) {
+  for_each_order_case([](Case c, int) {
+    c.pull_order = PullOrder::expert;
+    c.wave_chunk = 1;
+    std::vector<std::vector<float>> want;
+    {
+      Harness h(c);
+      h.run(c.l0, c.l1);
+      want = h.outputs();
+      check_outputs(h, want);
+    }
+    Harness h(c);
+    const int W = h.problem.par.world();
+    h.poison();
+    for (int r = 0; r < W; ++r) h.moe.stage(r, h.ranks[r]->batch());
+    h.team.barrier();
+    for (int r = 0; r < W; ++r) {
+      h.moe.prepare(r);
+      order_smallest_expert_first(h.moe.plan(r), h.team.stream(r));
+      h.moe.layer0(r, LayerMode::fused, c.l0);
+      h.moe.layer1(r, LayerMode::fused, c.l1);
+    }
+    h.team.barrier();
+    for (int r = 0; r < W; ++r) h.moe.finish(r, h.ranks[r]->batch());
+    h.moe.sync_and_check();
+    const auto got = h.outputs();
+    for (int r = 0; r < W; ++r) {
+      EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
+      const HostPlan plan = h.moe.plan(r).to_host(h.team.stream(r));
+      const PlanView& v = plan.view();
+      const int units = *v.num_units, local = *v.num_local_units, tiles = *v.num_tiles, k = c.shape.topk;
+      const int tile_m = plan.config().tile_m;
+      std::vector<int> pulled(v.pull_unit, v.pull_unit + units), order(v.tile_order, v.tile_order + tiles);
+      std::vector<int> sorted_pulled = pulled, sorted_order = order;
+      std::sort(sorted_pulled.begin(), sorted_pulled.end());
+      std::sort(sorted_order.begin(), sorted_order.end());
+      for (int u = 0; u < units; ++u) ASSERT_EQ(sorted_pulled[u], u) << "rank " << r << ": pull_unit not a permutation";
+      for (int u = 0; u < local; ++u) ASSERT_EQ(pulled[u], u) << "rank " << r << ": a local position moved";
+      for (int m = 0; m < tiles; ++m) ASSERT_EQ(sorted_order[m], m) << "rank " << r << ": tile_order not a permutation";
+      // Expert ranks by rows (ties by index); each unit's key expert; where each unit is pulled.
+      const int experts = c.shape.num_experts / c.par.ep;
+      std::vector<int> rank(experts);
+      for (int e = 0; e < experts; ++e)
+        for (int f = 0; f < experts; ++f)
+          rank[e] += v.expert_rows[f] < v.expert_rows[e] || (v.expert_rows[f] == v.expert_rows[e] && f < e);
+      std::vector<int> key_rank(units, experts), position(units);
+      for (int p = 0; p < units; ++p) position[pulled[p]] = p;
+      for (int u = local; u < units; ++u)
+        for (int j = 0; j < k; ++j) {
+          const int row = v.unit_rows[size_t(u) * k + j];
+          if (row >= 0) key_rank[u] = std::min(key_rank[u], rank[v.tile_expert[row / tile_m]]);
+        }
+      // Tiles with remote rows come after the all-local ones, by their expert's rank; a tile's units
+      // are all pulled before the first unit keyed in a later-ranked expert.
+      std::vector<int> first_of_rank(experts + 1, units);
+      for (int u = local; u < units; ++u) first_of_rank[key_rank[u]] = std::min(first_of_rank[key_rank[u]], position[u]);
+      for (int e = experts - 1; e >= 0; --e) first_of_rank[e] = std::min(first_of_rank[e], first_of_rank[e + 1]);
+      int last_rank = -1;
+      bool remote_seen = false;
+      for (int m : order) {
+        const bool remote = v.tile_remote_rows[m] > 0;
+        EXPECT_TRUE(remote || !remote_seen) << "rank " << r << ": all-local tile " << m << " after a waiting one";
+        if (!remote) continue;
+        remote_seen = true;
+        const int e_rank = rank[v.tile_expert[m]];
+        EXPECT_GE(e_rank, last_rank) << "rank " << r << " tile " << m;
+        last_rank = e_rank;
+        for (int row = m * tile_m; row < (m + 1) * tile_m; ++row) {
+          const int u = v.row_unit[row];
+          if (u >= local) EXPECT_LT(position[u], first_of_rank[e_rank + 1]) << "rank " << r << " tile " << m;
+        }
+      }
     }
   });
 }

@@ -3,16 +3,14 @@
 #include <algorithm>
 #include <numeric>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "comet/cuda_check.hpp"
 
 namespace comet::testing {
 
-void order_smallest_expert_first(const DevicePlan& plan, cudaStream_t stream) {
-  const HostPlan host = plan.to_host(stream);
-  const PlanView& v = host.view();
-  const PlanConfig& cfg = plan.config();
+Layer0Order smallest_expert_first(const PlanConfig& cfg, const PlanView& v) {
   const int experts = cfg.local_experts(), k = cfg.topk(), tile_m = cfg.tile_m;
   const int units = *v.num_units, local = *v.num_local_units, tiles = *v.num_tiles;
 
@@ -44,9 +42,17 @@ void order_smallest_expert_first(const DevicePlan& plan, cudaStream_t stream) {
     return ra && rank[v.tile_expert[a]] != rank[v.tile_expert[b]] ? rank[v.tile_expert[a]] < rank[v.tile_expert[b]]
                                                                   : a < b;
   });
+  return Layer0Order{std::move(pull_unit), std::move(order)};
+}
+
+void order_smallest_expert_first(const DevicePlan& plan, cudaStream_t stream) {
+  const HostPlan host = plan.to_host(stream);
+  const Layer0Order o = smallest_expert_first(plan.config(), host.view());
   const PlanView& d = plan.view();
-  COMET_CUDA_CHECK(cudaMemcpyAsync(d.pull_unit, pull_unit.data(), pull_unit.size() * 4, cudaMemcpyHostToDevice, stream));
-  COMET_CUDA_CHECK(cudaMemcpyAsync(d.tile_order, order.data(), order.size() * 4, cudaMemcpyHostToDevice, stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(d.pull_unit, o.pull_unit.data(), o.pull_unit.size() * 4, cudaMemcpyHostToDevice,
+                                   stream));
+  COMET_CUDA_CHECK(cudaMemcpyAsync(d.tile_order, o.tile_order.data(), o.tile_order.size() * 4, cudaMemcpyHostToDevice,
+                                   stream));
   COMET_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 

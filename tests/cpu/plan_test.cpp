@@ -17,7 +17,9 @@
 #include <vector>
 
 #include "comet/plan.hpp"
+#include "support/layer0_order_checks.hpp"
 #include "support/plan_configs.hpp"
+#include "harness/plan_rewrite.hpp"
 #include "harness/routing_gen.hpp"
 
 namespace comet {
@@ -654,6 +656,41 @@ TEST(PlanProperties, RandomRoutingsOverLayouts) {
     }
   }
   EXPECT_GT(plans, 500);
+}
+
+// comet-bench --expert-order size's rewrite of a plan (harness/plan_rewrite.hpp) over random routings
+// and layouts: the order its definition gives (expect_smallest_expert_first), from expert-order plans.
+TEST(PlanProperties, SmallestExpertFirstRewrite) {
+  const int E = 16, max_tokens = 40;
+  uint64_t seed = 11;
+  int rewritten = 0;
+  for (int W : {2, 4, 8}) {
+    for (const Layout& lay : layouts_of(W)) {
+      for (int k : {1, 2, 8}) {
+        for (RoutingKind kind : {RoutingKind::uniform, RoutingKind::zipf, RoutingKind::one_expert}) {
+          std::mt19937 rng(uint32_t(++seed) * 7919u);
+          std::vector<int> tokens(W);
+          for (int& t : tokens) t = std::uniform_int_distribution<int>(0, max_tokens)(rng);
+          tokens[seed % W] = 0;
+          const auto routing = make_routing(MoeShape{64, 128, E, k, Activation::swiglu}, Parallel{lay.ep, lay.tp},
+                                            tokens, kind, seed, int(seed % E));
+          for (int rank = 0; rank < W; ++rank) {
+            PlanConfig cfg = make_config(lay.ep, lay.tp, E, k, rank, 16, max_tokens,
+                                         worst_rows(W, max_tokens, k, E / lay.ep, 16));
+            cfg.pull_order = PullOrder::expert;
+            SCOPED_TRACE(::testing::Message() << "W=" << W << " ep=" << lay.ep << " tp=" << lay.tp << " k=" << k << " "
+                                            << testing::to_string(kind) << " rank=" << rank << " seed=" << seed);
+            const HostPlan plan = build_plan_host(cfg, views(routing));
+            const testing::Layer0Order order = testing::smallest_expert_first(cfg, plan.view());
+            testing::expect_smallest_expert_first(cfg, plan.view(), order.pull_unit, order.tile_order);
+            if (::testing::Test::HasFatalFailure()) return;
+            rewritten += *plan.view().num_units > *plan.view().num_local_units;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(rewritten, 50);
 }
 
 TEST(PlanProperties, EdgeCases) {

@@ -22,6 +22,7 @@
 #include "kernels/launch_trace.hpp"
 #include "tune/adaptive_split.hpp"
 #include "support/bitwise.hpp"
+#include "support/layer0_order_checks.hpp"
 #include "support/layer_checks.hpp"
 #include "support/test_shapes.hpp"
 #include "harness/moe_problem.hpp"
@@ -374,8 +375,8 @@ TEST(FusedMoe, ExpertPullOrderGivesTheSameBits) {
 
 // comet-bench --expert-order size (harness/plan_rewrite.hpp): the plan's pull order and tile order
 // rewritten on the host after prepare, expert by expert with the smallest expert first. The same bits
-// as the builders' order and the reference's; both arrays stay permutations; and no tile waits for units
-// keyed in a later expert (from the definition: a unit's key is its row in its lowest-ranked expert).
+// as the builders' order and the reference's, and the order its definition gives
+// (expect_smallest_expert_first).
 TEST(FusedMoe, SmallestExpertFirstRewriteGivesTheSameBits) {
   for_each_order_case([](Case c, int) {
     c.pull_order = PullOrder::expert;
@@ -403,51 +404,12 @@ TEST(FusedMoe, SmallestExpertFirstRewriteGivesTheSameBits) {
     h.moe.sync_and_check();
     const auto got = h.outputs();
     for (int r = 0; r < W; ++r) {
-      EXPECT_TRUE(bitwise_equal(want[r], got[r])) << "rank " << r;
+      SCOPED_TRACE(::testing::Message() << "rank " << r);
+      EXPECT_TRUE(bitwise_equal(want[r], got[r]));
       const HostPlan plan = h.moe.plan(r).to_host(h.team.stream(r));
       const PlanView& v = plan.view();
-      const int units = *v.num_units, local = *v.num_local_units, tiles = *v.num_tiles, k = c.shape.topk;
-      const int tile_m = plan.config().tile_m;
-      std::vector<int> pulled(v.pull_unit, v.pull_unit + units), order(v.tile_order, v.tile_order + tiles);
-      std::vector<int> sorted_pulled = pulled, sorted_order = order;
-      std::sort(sorted_pulled.begin(), sorted_pulled.end());
-      std::sort(sorted_order.begin(), sorted_order.end());
-      for (int u = 0; u < units; ++u) ASSERT_EQ(sorted_pulled[u], u) << "rank " << r << ": pull_unit not a permutation";
-      for (int u = 0; u < local; ++u) ASSERT_EQ(pulled[u], u) << "rank " << r << ": a local position moved";
-      for (int m = 0; m < tiles; ++m) ASSERT_EQ(sorted_order[m], m) << "rank " << r << ": tile_order not a permutation";
-      // Expert ranks by rows (ties by index); each unit's key expert; where each unit is pulled.
-      const int experts = c.shape.num_experts / c.par.ep;
-      std::vector<int> rank(experts);
-      for (int e = 0; e < experts; ++e)
-        for (int f = 0; f < experts; ++f)
-          rank[e] += v.expert_rows[f] < v.expert_rows[e] || (v.expert_rows[f] == v.expert_rows[e] && f < e);
-      std::vector<int> key_rank(units, experts), position(units);
-      for (int p = 0; p < units; ++p) position[pulled[p]] = p;
-      for (int u = local; u < units; ++u)
-        for (int j = 0; j < k; ++j) {
-          const int row = v.unit_rows[size_t(u) * k + j];
-          if (row >= 0) key_rank[u] = std::min(key_rank[u], rank[v.tile_expert[row / tile_m]]);
-        }
-      // Tiles with remote rows come after the all-local ones, by their expert's rank; a tile's units
-      // are all pulled before the first unit keyed in a later-ranked expert.
-      std::vector<int> first_of_rank(experts + 1, units);
-      for (int u = local; u < units; ++u) first_of_rank[key_rank[u]] = std::min(first_of_rank[key_rank[u]], position[u]);
-      for (int e = experts - 1; e >= 0; --e) first_of_rank[e] = std::min(first_of_rank[e], first_of_rank[e + 1]);
-      int last_rank = -1;
-      bool remote_seen = false;
-      for (int m : order) {
-        const bool remote = v.tile_remote_rows[m] > 0;
-        EXPECT_TRUE(remote || !remote_seen) << "rank " << r << ": all-local tile " << m << " after a waiting one";
-        if (!remote) continue;
-        remote_seen = true;
-        const int e_rank = rank[v.tile_expert[m]];
-        EXPECT_GE(e_rank, last_rank) << "rank " << r << " tile " << m;
-        last_rank = e_rank;
-        for (int row = m * tile_m; row < (m + 1) * tile_m; ++row) {
-          const int u = v.row_unit[row];
-          if (u >= local) EXPECT_LT(position[u], first_of_rank[e_rank + 1]) << "rank " << r << " tile " << m;
-        }
-      }
+      expect_smallest_expert_first(plan.config(), v, std::vector<int32_t>(v.pull_unit, v.pull_unit + *v.num_units),
+                                   std::vector<int32_t>(v.tile_order, v.tile_order + *v.num_tiles));
     }
   });
 }

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <numeric>
 
 #include <unistd.h>
@@ -92,14 +93,16 @@ struct Harness {
       ranks[r]->out.fill_bytes(0xFF);
     }
   }
-  // The steps of forward() with explicit variants, for both layers, from poisoned buffers.
-  void run(const LayerRequest& l0, const LayerRequest& l1) {
+  // The steps of forward() with explicit variants, for both layers, from poisoned buffers;
+  // after_prepare(rank), if given, runs between the rank's prepare and its layer 0.
+  void run(const LayerRequest& l0, const LayerRequest& l1, const std::function<void(int)>& after_prepare = {}) {
     const int W = problem.par.world();
     poison();
     for (int r = 0; r < W; ++r) moe.stage(r, ranks[r]->batch());
     team.barrier();
     for (int r = 0; r < W; ++r) {
       moe.prepare(r);
+      if (after_prepare) after_prepare(r);
       moe.layer0(r, LayerMode::fused, l0);
       moe.layer1(r, LayerMode::fused, l1);
     }
@@ -119,6 +122,15 @@ void check_layers(const Harness& h) { expect_layers_match(h.problem, h.moe, h.te
 void check_outputs(const Harness& h, const std::vector<std::vector<float>>& got) {
   const auto ref = reference::forward(h.problem.shape, h.problem.par, h.problem.weights, h.problem.inputs);
   expect_outputs_match(h.problem, ref, got, "fused");
+}
+
+// The outputs of run(c.l0, c.l1) on a fresh layer, checked against the reference.
+std::vector<std::vector<float>> checked_outputs(const Case& c) {
+  Harness h(c);
+  h.run(c.l0, c.l1);
+  auto got = h.outputs();
+  check_outputs(h, got);
+  return got;
 }
 
 const std::string kNoTable = "/nonexistent/comet-test/tune.json";  // an empty table: the cost model picks
@@ -316,13 +328,7 @@ TEST(FusedMoe, WaveChunksGiveTheSameBits) {
   for_each_order_case([](Case c, int) {
     c.pull_order = PullOrder::source;
     c.wave_chunk = 1;
-    std::vector<std::vector<float>> want;
-    {
-      Harness h(c);
-      h.run(c.l0, c.l1);
-      want = h.outputs();
-      check_outputs(h, want);
-    }
+    const auto want = checked_outputs(c);
     for (int chunk : {2, 5, 1000}) {
       SCOPED_TRACE(::testing::Message() << "wave_chunk " << chunk);
       c.wave_chunk = chunk;
@@ -341,13 +347,7 @@ TEST(FusedMoe, ExpertPullOrderGivesTheSameBits) {
   for_each_order_case([](Case c, int n_comm) {
     c.wave_chunk = n_comm;
     c.pull_order = PullOrder::source;
-    std::vector<std::vector<float>> want;
-    {
-      Harness h(c);
-      h.run(c.l0, c.l1);
-      want = h.outputs();
-      check_outputs(h, want);
-    }
+    const auto want = checked_outputs(c);
     c.pull_order = PullOrder::expert;
     Harness h(c);
     h.run(c.l0, c.l1);
@@ -381,29 +381,11 @@ TEST(FusedMoe, SmallestExpertFirstRewriteGivesTheSameBits) {
   for_each_order_case([](Case c, int) {
     c.pull_order = PullOrder::expert;
     c.wave_chunk = 1;
-    std::vector<std::vector<float>> want;
-    {
-      Harness h(c);
-      h.run(c.l0, c.l1);
-      want = h.outputs();
-      check_outputs(h, want);
-    }
+    const auto want = checked_outputs(c);
     Harness h(c);
-    const int W = h.problem.par.world();
-    h.poison();
-    for (int r = 0; r < W; ++r) h.moe.stage(r, h.ranks[r]->batch());
-    h.team.barrier();
-    for (int r = 0; r < W; ++r) {
-      h.moe.prepare(r);
-      order_smallest_expert_first(h.moe.plan(r), h.team.stream(r));
-      h.moe.layer0(r, LayerMode::fused, c.l0);
-      h.moe.layer1(r, LayerMode::fused, c.l1);
-    }
-    h.team.barrier();
-    for (int r = 0; r < W; ++r) h.moe.finish(r, h.ranks[r]->batch());
-    h.moe.sync_and_check();
+    h.run(c.l0, c.l1, [&](int r) { order_smallest_expert_first(h.moe.plan(r), h.team.stream(r)); });
     const auto got = h.outputs();
-    for (int r = 0; r < W; ++r) {
+    for (int r = 0; r < h.problem.par.world(); ++r) {
       SCOPED_TRACE(::testing::Message() << "rank " << r);
       EXPECT_TRUE(bitwise_equal(want[r], got[r]));
       const HostPlan plan = h.moe.plan(r).to_host(h.team.stream(r));
@@ -427,11 +409,8 @@ TEST(FusedMoe, Layer0TraceStampsEveryTileAfterItsRelease) {
       constexpr int kTile = 256, kComm = 3;
       c.l0 = forced(kTile, kComm);
       c.pull_order = order;
+      const auto want = checked_outputs(c);
       Harness h(c);
-      h.run(c.l0, c.l1);
-      const auto want = h.outputs();
-      check_outputs(h, want);
-
       kernels::LaunchTrace t;
       t.max_blocks = h.moe.resident_blocks(0, kTile);
       t.max_tiles = h.moe.capacity().max_rows_per_rank / kernels::kTileM + 1;

@@ -17,6 +17,12 @@
 namespace comet::bench {
 namespace {
 
+// The pull order a comet layer-0 launch of the run takes (--pull-order, --expert-order; else the default).
+const char* pull_order_name(const BenchOptions& o) {
+  if (o.expert_by_size) return "expert-size";
+  return o.pull_order.value_or(kDefaultPullOrder) == PullOrder::expert ? "expert" : "source";
+}
+
 // The tuner's pick, at a given tile width (0: the width the tuner picks too).
 LayerRequest tuned(int tile_n) {
   LayerRequest r;
@@ -236,6 +242,27 @@ int GroupRunner::tuned_chunk(const CaseInput& in, const LayerRequest& r0) const 
   return chunk != kDefaultWaveChunk ? chunk : 0;
 }
 
+void GroupRunner::trace_layer0(const CaseInput& in, int tile_n, const Timing& gemm, const std::map<int, Timing>& fused,
+                               const std::map<int, Timing>& comm, const std::function<void()>& pre,
+                               const std::function<std::function<void()>(LayerMode, int)>& run) {
+  Layer0Tracer tracer(moe_->engine(), tile_n);
+  tracer.trace("gemm_only", 0, gemm.median_ms, pre, run(LayerMode::gemm_only, 0));
+  for (const auto& [n, t] : fused) {
+    if (n == 0) continue;  // the sequential mode: no comm blocks beside the GEMM
+    tracer.trace("fused", n, t.median_ms, pre, run(LayerMode::fused, n));
+    const auto c = comm.find(n);
+    tracer.trace("comm_only", n, c == comm.end() ? 0.0 : c->second.median_ms, pre, run(LayerMode::comm_only, n));
+  }
+  const CaseKey k = base(in, "l0", "comet").key;
+  std::ostringstream header;
+  header << "\"model\": \"" << k.model << "\", \"layout\": \"" << k.layout << "\", \"link\": \"" << k.link
+         << "\", \"routing\": \"" << k.routing << "\", \"tokens\": " << k.tokens_per_rank << ", \"pull_order\": \""
+         << pull_order_name(o_) << "\", \"wave_chunk\": " << o_.wave_chunk << ", \"rows\": " << in.stats.rank0_rows;
+  tracer.write(o_.trace_dir + "/" + k.model + "_" + k.layout + "_" + k.link + "_" + k.routing + "_" +
+                   std::to_string(in.tokens) + ".json",
+               header.str());
+}
+
 Record GroupRunner::base(const CaseInput& in, const std::string& layer, const std::string& system) const {
   Record r;
   r.key = CaseKey{model_.name,    layout_.name, layout_.par.world(), layout_.par.ep, layout_.par.tp,
@@ -244,8 +271,7 @@ Record GroupRunner::base(const CaseInput& in, const std::string& layer, const st
   r.system = system;
   r.dtype = o_.dtype;
   if (system == "comet") r.wave_chunk = o_.wave_chunk;
-  if (system == "comet" && o_.pull_order)
-    r.pull_order = o_.expert_by_size ? "expert-size" : *o_.pull_order == PullOrder::expert ? "expert" : "source";
+  if (system == "comet" && o_.pull_order) r.pull_order = pull_order_name(o_);
   r.tile_n = o_.tile_n;
   r.layer_bytes_per_rank = (long long)moe_->device_bytes_per_rank();
   r.rows_cap = moe_->capacity().max_rows_per_rank;
@@ -443,26 +469,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         if (n == 0 || (!o_.comm_all && n != best)) continue;  // n 0: sequential mode, no comm blocks
         comm[n] = time(pre, run(LayerMode::comm_only, n));
       }
-      if (layer == 0 && !o_.trace_dir.empty()) {  // --trace: one traced launch per mode and n_comm
-        Layer0Tracer tracer(moe, tn);
-        tracer.trace("gemm_only", 0, gemm.median_ms, pre, run(LayerMode::gemm_only, 0));
-        for (const auto& [n, t] : fused) {
-          if (n == 0) continue;
-          tracer.trace("fused", n, t.median_ms, pre, run(LayerMode::fused, n));
-          tracer.trace("comm_only", n, comm.count(n) ? comm[n].median_ms : 0.0, pre, run(LayerMode::comm_only, n));
-        }
-        const Record b = base(in, name, "comet");
-        const bool expert = o_.pull_order.value_or(kDefaultPullOrder) == PullOrder::expert;
-        const char* order = o_.expert_by_size ? "expert-size" : expert ? "expert" : "source";
-        std::ostringstream header;
-        header << "\"model\": \"" << b.key.model << "\", \"layout\": \"" << b.key.layout << "\", \"link\": \""
-               << b.key.link << "\", \"routing\": \"" << b.key.routing << "\", \"tokens\": " << b.key.tokens_per_rank
-               << ", \"pull_order\": \"" << order << "\", \"wave_chunk\": " << o_.wave_chunk
-               << ", \"rows\": " << in.stats.rank0_rows;
-        tracer.write(o_.trace_dir + "/" + b.key.model + "_" + b.key.layout + "_" + b.key.link + "_" + b.key.routing +
-                         "_" + std::to_string(in.tokens) + ".json",
-                     header.str());
-      }
+      if (layer == 0 && !o_.trace_dir.empty()) trace_layer0(in, tn, gemm, fused, comm, pre, run);
       for (const auto& [n, t] : comm) {
         Record c = base(in, name, "comet");
         c.mode = "comm_only";

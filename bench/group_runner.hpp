@@ -2,6 +2,7 @@
 // largest capacity, and the measurements of every case (routing, tokens per rank) run on it.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -65,6 +66,11 @@ class GroupRunner {
   // "+checked:pick" / "+checked:sequential", "+check:none" where it has no verdict (the pick was not a
   // fused split, or not settled); "" without the option.
   std::string check_note(int launch, int tokens) const;
+  // --trace: one traced launch of layer 0 per mode and swept n_comm (`run(mode, n)` makes the launch,
+  // `pre` prepares it), written with rank 0's plan to the trace folder (layer0_trace.hpp).
+  void trace_layer0(const CaseInput& input, int tile_n, const Timing& gemm, const std::map<int, Timing>& fused,
+                    const std::map<int, Timing>& comm, const std::function<void()>& pre,
+                    const std::function<std::function<void()>(LayerMode, int)>& run);
   // Appends `r` with the timing, TFLOP/s of `flops` (none when 0) and, when `comm`, GB/s of the rows
   // that crossed the link (once per pull or combine the record's layer runs).
   void add_record(std::vector<Record>& out, Record r, const Timing& t, double flops, bool comm,

@@ -400,11 +400,13 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
       // A pull re-runs its prepare (a new epoch, its local rows, and the pull refills the rows); a
       // combine needs only a new epoch. (Re-running a backward launch rewrites its own outputs in place:
       // the values drift, the work does not.)
+      // --expert-order size: the plan rewritten after each layer-0 prepare (harness/plan_rewrite.hpp).
+      auto prepare0 = [&](const LayerRequest& r) {
+        moe.prepare(0, r);
+        if (o_.expert_by_size) testing::order_smallest_expert_first(moe.plan(0), team_->stream(0));
+      };
       auto pre = [&] {
-        if (layer == 0) {
-          moe.prepare(0);
-          if (o_.expert_by_size) testing::order_smallest_expert_first(moe.plan(0), team_->stream(0));
-        }
+        if (layer == 0) prepare0(moe.options().layer0);  // prepare(0)'s request
         else if (layer == 2) moe.prepare_grad(0);
         else moe.advance_epoch(0);
       };
@@ -497,11 +499,7 @@ void GroupRunner::run_case(const CaseInput& in, std::vector<Record>& out) {
         auto run_tuned = [launch, tuned_tn] { launch(LayerMode::fused, tuned(tuned_tn)); };
         auto run_pick = [launch, &pick] { launch(LayerMode::fused, LayerRequest::forced(pick.tile_n, pick.n_comm)); };
         // Layer 0's plan ordered for the tuned launch (its table's chunk rule), outside the timed region.
-        auto pre_tuned = [&] {
-          if (layer != 0) return pre();
-          moe.prepare(0, tuned(tuned_tn));
-          if (o_.expert_by_size) testing::order_smallest_expert_first(moe.plan(0), team_->stream(0));
-        };
+        auto pre_tuned = [&] { layer == 0 ? prepare0(tuned(tuned_tn)) : pre(); };
         const Timing t = o_.adaptive                                   ? time(pre_tuned, run_tuned)
                          : fused.count(tn_comm) && pick.tile_n == tn ? fused[tn_comm]
                                                                      : time(pre, run_pick);

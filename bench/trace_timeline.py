@@ -40,22 +40,13 @@ def run_summary(trace, run):
     comm_end = max([ends[b] for b in range(n_comm) if ends[b] >= 0], default=-1)
     remote = [m for m in range(trace["num_tiles"]) if trace["tile_remote_rows"][m] > 0]
     ready = [run["ready"][m] for m in remote if run["ready"][m] >= 0]
-    s = {"span": span, "comm": comm_end, "remote_tiles": len(remote), "released": len(ready)}
+    s = {"span": span, "comm": comm_end}
     for q in (0.5, 0.9, 1.0):
         s["ready%d" % int(q * 100)] = quantile(ready, q)
     if run["mode"] != "comm_only":
-        nb = trace["n_blocks"]
-        stall = 0
-        for i, (b, e) in enumerate(zip(run["wait_begin"], run["wait_end"])):
-            if b >= 0 and e >= 0:
-                stall += e - b
-        compute = [b for b in range(n_comm, len(ends)) if ends[b] >= 0]
-        busy = sum(ends[b] - max(starts[b], 0) for b in compute)
-        s["stall"] = stall / busy if busy else float("nan")
-        s["compute_blocks"] = len(compute)
-        first_remote = [run["wait_end"][m * nb + n] for m in remote for n in range(nb)
-                        if run["wait_end"][m * nb + n] >= 0]
-        s["first_remote_start"] = min(first_remote, default=-1)
+        stall = sum(e - b for b, e in zip(run["wait_begin"], run["wait_end"]) if b >= 0 and e >= 0)
+        in_launch = sum(ends[b] - max(starts[b], 0) for b in range(n_comm, len(ends)) if ends[b] >= 0)
+        s["stall"] = stall / in_launch if in_launch else float("nan")
         # Each compute block's items in the order it ran them: item i busy from its wait's end to the
         # next item's wait begin (the producer runs a few K-tiles ahead of the MMAs, so that is about
         # the item's compute); the last item of a block until the block's end.
@@ -63,13 +54,13 @@ def run_summary(trace, run):
         for i, blk in enumerate(run["wait_block"]):
             if blk >= 0:
                 per_block.setdefault(blk, []).append(i)
-        busy = []
+        item_ns = []
         for blk, items in per_block.items():
             items.sort(key=lambda i: run["wait_end"][i])
             for a, b in zip(items, items[1:]):
-                busy.append(run["wait_begin"][b] - run["wait_end"][a])
-            busy.append(ends[blk] - run["wait_end"][items[-1]])
-        s["item"] = quantile(busy, 0.5)
+                item_ns.append(run["wait_begin"][b] - run["wait_end"][a])
+            item_ns.append(ends[blk] - run["wait_end"][items[-1]])
+        s["item"] = quantile(item_ns, 0.5)
     return s
 
 

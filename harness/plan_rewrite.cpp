@@ -36,12 +36,12 @@ Layer0Order smallest_expert_first(const PlanConfig& cfg, const PlanView& v) {
 
   std::vector<int32_t> order(tiles);
   std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
-    const bool ra = v.tile_remote_rows[a] > 0, rb = v.tile_remote_rows[b] > 0;
-    if (ra != rb) return rb;  // all-local tiles first
-    return ra && rank[v.tile_expert[a]] != rank[v.tile_expert[b]] ? rank[v.tile_expert[a]] < rank[v.tile_expert[b]]
-                                                                  : a < b;
-  });
+  // All-local tiles first, in m order; then the waiting ones by (their expert's rank, m).
+  auto tile_key = [&](int m) {
+    const bool waits = v.tile_remote_rows[m] > 0;
+    return std::tuple<bool, int, int>{waits, waits ? rank[v.tile_expert[m]] : 0, m};
+  };
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return tile_key(a) < tile_key(b); });
   return Layer0Order{std::move(pull_unit), std::move(order)};
 }
 
